@@ -1,0 +1,126 @@
+"""Kafka plumbing shared by every process: topic layout, admin, producers, consumers, registry client."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.error import KafkaError
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.schema_registry_client import Schema
+
+from taskstream.schemas.codec import ENVELOPES, Codec, schema_text
+from taskstream.settings import Settings
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a submission of MAX_TASKS tasks fits; see docs/submissions.md
+
+
+class KafkaSetupError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    key: str  # settings.topic(key) is the topic's name
+    envelope: str | None  # which Avro envelope its values carry (None: raw bytes)
+    config: dict[str, str]
+
+
+# Every topic taskstream writes. Same partition count everywhere: events, task-inputs and the queue are
+# co-partitioned by task id so one owner sees all of a task.
+TOPICS: tuple[TopicPlan, ...] = (
+    TopicPlan("commands", "command", {"max.message.bytes": str(MAX_MESSAGE_BYTES), "retention.ms": "-1"}),
+    TopicPlan("events", "event", {"retention.ms": "-1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}),
+    TopicPlan("task-inputs", "input", {"retention.ms": "604800000"}),
+    TopicPlan("queue", "queued", {"retention.ms": "604800000"}),
+    TopicPlan("dead-letters", None, {"retention.ms": "-1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}),
+)
+
+
+def subject(settings: Settings, key: str) -> str:
+    return f"{settings.topic(key)}-value"
+
+
+def admin(settings: Settings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.bootstrap})
+
+
+def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
+    """Create missing topics; existing ones are left as they are."""
+    client = admin(settings)
+    futures = client.create_topics(
+        [NewTopic(settings.topic(t.key), settings.partitions, 1, config=t.config) for t in TOPICS],
+        request_timeout=timeout,
+    )
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise KafkaSetupError(f"cannot create topic {name}: {err.str()}") from exc
+
+
+def registry_client(settings: Settings) -> SchemaRegistryClient:
+    return SchemaRegistryClient({"url": settings.registry})
+
+
+def register_schemas(settings: Settings, client: SchemaRegistryClient | None = None) -> dict[str, int]:
+    """Register each topic's envelope under <topic>-value (idempotent). Returns envelope -> schema id."""
+    client = client or registry_client(settings)
+    ids: dict[str, int] = {}
+    for t in TOPICS:
+        if t.envelope is not None:
+            sid = client.register_schema(subject(settings, t.key), Schema(schema_text(t.envelope), "AVRO"))
+            ids[t.envelope] = sid
+    return ids
+
+
+def make_codec(settings: Settings, retries: int = 30) -> Codec:
+    """A codec whose ids are registered; waits for the registry for up to `retries` seconds."""
+    client = registry_client(settings)
+    last: Exception | None = None
+    for _ in range(retries):
+        try:
+            ids = register_schemas(settings, client)
+            return Codec(ids, lambda sid: client.get_schema(sid).schema_str)
+        except Exception as exc:  # registry not up yet
+            last = exc
+            time.sleep(1)
+    raise KafkaSetupError(f"schema registry at {settings.registry} did not answer: {last}")
+
+
+def producer(settings: Settings, **extra: Any) -> Producer:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "message.max.bytes": MAX_MESSAGE_BYTES + 65536,
+    }
+    conf.update(extra)
+    return Producer(conf)
+
+
+def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap,
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "fetch.max.bytes": 4 * MAX_MESSAGE_BYTES,
+        "max.partition.fetch.bytes": 2 * MAX_MESSAGE_BYTES,
+        # noida-db answers empty fetches at once (ARCHITECTURE.md); back off between them on our side.
+        "fetch.wait.max.ms": 100,
+        "fetch.error.backoff.ms": 20,
+    }
+    conf.update(extra)
+    return Consumer(conf)
+
+
+ENVELOPE_OF_TOPIC = {t.key: t.envelope for t in TOPICS}
+assert set(ENVELOPES) >= {e for e in ENVELOPE_OF_TOPIC.values() if e}

@@ -1,0 +1,1 @@
+"""Read models folded from the events topic: PostgreSQL metadata and the graph DAG."""

@@ -1,0 +1,224 @@
+"""The graph projection: Task nodes (status, tenant) and DEPENDS_ON edges (dependent -> prerequisite).
+
+Two stores share one Cypher text wherever the dialects agree: Ladybug (embedded, the default; one
+process owns the file, see graph_service.py) and Neo4j (production, official driver). Writes are
+batched with UNWIND and carry the projection's checkpoint in the same transaction.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from taskstream.core import events as e
+from taskstream.core.model import Status
+from taskstream.projections.runner import Batch
+from taskstream.schemas import records as r
+
+# ---- shared Cypher ----------------------------------------------------------------------------------
+UPSERT_NODES = (
+    "UNWIND $rows AS r MERGE (t:Task {id: r.id}) "
+    "SET t.name = r.name, t.tenant = r.tenant, t.submission_id = r.submission_id, "
+    "t.status = CASE WHEN coalesce(t.version, 0) < r.version THEN r.status ELSE t.status END, "
+    "t.version = CASE WHEN coalesce(t.version, 0) < r.version THEN r.version ELSE t.version END"
+)
+UPSERT_EDGES = (
+    "UNWIND $rows AS r MERGE (a:Task {id: r.src}) MERGE (b:Task {id: r.dst}) MERGE (a)-[:DEPENDS_ON]->(b)"
+)
+SET_STATUS = (
+    "UNWIND $rows AS r MATCH (t:Task {id: r.id}) WHERE coalesce(t.version, 0) < r.version "
+    "SET t.status = r.status, t.version = r.version"
+)
+SAVE_CHECKPOINTS = (
+    "UNWIND $rows AS r MERGE (c:ProjectionCheckpoint {id: r.id}) SET c.next_offset = r.next_offset"
+)
+READ_CHECKPOINTS = "MATCH (c:ProjectionCheckpoint) RETURN c.id, c.next_offset"
+SUBMISSION_NODES = "MATCH (t:Task) WHERE t.submission_id = $sid RETURN t.id, t.name, t.status ORDER BY t.name"
+SUBMISSION_EDGES = (
+    "MATCH (a:Task)-[:DEPENDS_ON]->(b:Task) WHERE a.submission_id = $sid RETURN a.id, b.id ORDER BY a.id, b.id"
+)
+# Tasks that depend on $id and whose every prerequisite has succeeded (the two-hop aggregate).
+NEWLY_UNBLOCKED = (
+    "MATCH (x:Task {id: $id})<-[:DEPENDS_ON]-(t:Task)-[:DEPENDS_ON]->(p:Task) "
+    "WITH t, sum(CASE WHEN p.status = 'SUCCEEDED' THEN 0 ELSE 1 END) AS open "
+    "WHERE open = 0 RETURN t.id ORDER BY t.id"
+)
+# Transitive closures differ: Ladybug caps plain variable-length paths at 30 hops, so it uses SHORTEST.
+CLOSURE = {
+    "ladybug": {
+        "needs": "MATCH (t:Task {id: $id})-[:DEPENDS_ON* SHORTEST 1..100000]->(p:Task) RETURN DISTINCT p.id ORDER BY p.id",
+        "blocks": "MATCH (t:Task {id: $id})<-[:DEPENDS_ON* SHORTEST 1..100000]-(d:Task) RETURN DISTINCT d.id ORDER BY d.id",
+    },
+    "neo4j": {
+        "needs": "MATCH (t:Task {id: $id})-[:DEPENDS_ON*1..]->(p:Task) RETURN DISTINCT p.id ORDER BY p.id",
+        "blocks": "MATCH (t:Task {id: $id})<-[:DEPENDS_ON*1..]-(d:Task) RETURN DISTINCT d.id ORDER BY d.id",
+    },
+}
+
+_STATUS_OF: dict[type, Status] = {
+    e.TaskAdmitted: Status.WAITING, e.TaskRejected: Status.REJECTED, e.TaskReady: Status.READY,
+    e.TaskQueued: Status.QUEUED, e.TaskClaimed: Status.CLAIMED, e.TaskStarted: Status.RUNNING,
+    e.TaskSucceeded: Status.SUCCEEDED, e.TaskRetryScheduled: Status.RETRY_WAIT,
+    e.TaskDeadLettered: Status.DEAD_LETTERED, e.TaskCancelled: Status.CANCELLED,
+}
+
+
+@dataclass
+class GraphWrites:
+    nodes: list[dict[str, Any]]
+    edges: list[dict[str, Any]]
+    statuses: list[dict[str, Any]]
+
+
+def graph_writes(records: Iterable[r.EventRecord]) -> GraphWrites:
+    """Pure: the node, edge and status rows a run of events projects to (last status per task wins)."""
+    nodes, edges = [], []
+    statuses: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        p = rec.payload
+        if isinstance(p, e.TaskSubmitted):
+            nodes.append({"id": rec.task_id, "name": p.spec.name, "tenant": p.spec.tenant,
+                          "submission_id": p.submission_id, "status": Status.SUBMITTED.value, "version": rec.version})
+            edges.extend({"src": rec.task_id, "dst": d} for d in p.spec.dependencies)
+        elif type(p) in _STATUS_OF and rec.task_id is not None:
+            prev = statuses.get(rec.task_id)
+            if prev is None or prev["version"] < rec.version:
+                statuses[rec.task_id] = {"id": rec.task_id, "status": _STATUS_OF[type(p)].value,
+                                         "version": rec.version}
+    return GraphWrites(nodes, edges, list(statuses.values()))
+
+
+class GraphStore(Protocol):
+    dialect: str
+
+    def write(self, w: GraphWrites, checkpoints: list[dict[str, Any]]) -> None: ...
+
+    def query(self, cypher: str, params: dict[str, Any] | None = None) -> list[list[Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class LadybugStore:
+    """The embedded graph. Only one process may open the file read-write: the graph service."""
+
+    dialect = "ladybug"
+
+    def __init__(self, path: Path) -> None:
+        import ladybug
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = ladybug.Database(str(path))
+        self.conn = ladybug.Connection(self.db)
+        self.lock = threading.Lock()
+        for ddl in (
+            "CREATE NODE TABLE IF NOT EXISTS Task(id STRING PRIMARY KEY, name STRING, tenant STRING, "
+            "submission_id STRING, status STRING, version INT64)",
+            "CREATE REL TABLE IF NOT EXISTS DEPENDS_ON(FROM Task TO Task)",
+            "CREATE NODE TABLE IF NOT EXISTS ProjectionCheckpoint(id STRING PRIMARY KEY, next_offset INT64)",
+        ):
+            self.conn.execute(ddl)
+
+    def write(self, w: GraphWrites, checkpoints: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.conn.execute("BEGIN TRANSACTION")
+            try:
+                for cypher, rows in ((UPSERT_NODES, w.nodes), (UPSERT_EDGES, w.edges), (SET_STATUS, w.statuses),
+                                     (SAVE_CHECKPOINTS, checkpoints)):
+                    if rows:
+                        self.conn.execute(cypher, {"rows": rows})
+                self.conn.execute("COMMIT")
+            except Exception:
+                self.conn.execute("ROLLBACK")
+                raise
+
+    def query(self, cypher: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
+        with self.lock:
+            res = self.conn.execute(cypher, params or {})
+            return [list(row) for row in res.get_all()]  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.conn.close()
+        self.db.close()
+
+
+class Neo4jStore:
+    """Neo4j through the official driver. Same Cypher as Ladybug except closures and schema DDL."""
+
+    dialect = "neo4j"
+
+    def __init__(self, uri: str, user: str, password: str, database: str | None = None) -> None:
+        import neo4j
+
+        self.driver = neo4j.GraphDatabase.driver(uri, auth=(user, password) if password else None)
+        self.database = database
+        self.driver.verify_connectivity()
+        for ddl in ("CREATE CONSTRAINT task_id IF NOT EXISTS FOR (t:Task) REQUIRE t.id IS UNIQUE",
+                    "CREATE CONSTRAINT checkpoint_id IF NOT EXISTS FOR (c:ProjectionCheckpoint) REQUIRE c.id IS UNIQUE",
+                    "CREATE INDEX task_submission IF NOT EXISTS FOR (t:Task) ON (t.submission_id)"):
+            self.driver.execute_query(ddl, database_=self.database)
+
+    def write(self, w: GraphWrites, checkpoints: list[dict[str, Any]]) -> None:
+        def tx(t: Any) -> None:
+            for cypher, rows in ((UPSERT_NODES, w.nodes), (UPSERT_EDGES, w.edges), (SET_STATUS, w.statuses),
+                                 (SAVE_CHECKPOINTS, checkpoints)):
+                if rows:
+                    t.run(cypher, rows=rows).consume()
+
+        with self.driver.session(database=self.database) as s:
+            s.execute_write(tx)
+
+    def query(self, cypher: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
+        records, _, _ = self.driver.execute_query(cypher, params or {}, database_=self.database)
+        return [list(rec.values()) for rec in records]
+
+    def close(self) -> None:
+        self.driver.close()
+
+
+class GraphProjection:
+    """The events -> graph projection, over either store."""
+
+    def __init__(self, store: GraphStore, name: str = "graph") -> None:
+        self.store = store
+        self.name = name
+
+    def checkpoints(self, topic: str) -> dict[int, int]:
+        out = {}
+        for cid, offset in self.store.query(READ_CHECKPOINTS):
+            t, _, part = str(cid).rpartition("/")
+            if t == f"{self.name}:{topic}":
+                out[int(part)] = int(offset)
+        return out
+
+    def apply(self, batch: Batch) -> None:
+        w = graph_writes(item.record for item in batch.items)
+        cps = [{"id": f"{self.name}:{batch.topic}/{p}", "next_offset": o} for p, o in batch.next_offsets.items()]
+        self.store.write(w, cps)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class GraphQueries:
+    """The questions the seed asks of the DAG, on any store."""
+
+    def __init__(self, store: GraphStore) -> None:
+        self.store = store
+
+    def nodes(self, submission_id: str) -> list[tuple[str, str, str]]:
+        return [(a, b, c) for a, b, c in self.store.query(SUBMISSION_NODES, {"sid": submission_id})]
+
+    def edges(self, submission_id: str) -> list[tuple[str, str]]:
+        return [(a, b) for a, b in self.store.query(SUBMISSION_EDGES, {"sid": submission_id})]
+
+    def newly_unblocked(self, task_id: str) -> list[str]:
+        return [row[0] for row in self.store.query(NEWLY_UNBLOCKED, {"id": task_id})]
+
+    def needs(self, task_id: str) -> list[str]:
+        return [row[0] for row in self.store.query(CLOSURE[self.store.dialect]["needs"], {"id": task_id})]
+
+    def blocks(self, task_id: str) -> list[str]:
+        return [row[0] for row in self.store.query(CLOSURE[self.store.dialect]["blocks"], {"id": task_id})]

@@ -1,0 +1,202 @@
+"""Avro in the Confluent wire format (magic byte, 4-byte schema id, body), over fastavro.
+
+Writers register the envelope schema of each topic with the registry once and reuse the id. Readers
+look the writer's schema up by id (cached) and resolve it against the reader schema shipped here, so
+older and newer writers both decode. Anything that does not decode raises DecodeError with the reason;
+callers route those bytes to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import struct
+from collections.abc import Callable
+from functools import cache
+from importlib.resources import as_file, files
+from typing import Any
+
+import fastavro
+import fastavro.schema
+
+from taskstream.core.model import Backoff, Resources, TaskSpec
+from taskstream.schemas import records as r
+
+MAGIC = 0
+ENVELOPES = {
+    "command": "io.taskstream.Command",
+    "event": "io.taskstream.TaskEvent",
+    "input": "io.taskstream.TaskInput",
+    "queued": "io.taskstream.QueuedTask",
+}
+
+
+class CodecError(Exception):
+    """Base for everything the codec refuses."""
+
+
+class DecodeError(CodecError):
+    """Bytes that are not a message we can read. `reason` says why, for the dead-letter headers."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class UnknownSchemaError(DecodeError):
+    pass
+
+
+@cache
+def schema_text(envelope: str) -> str:
+    """The self-contained JSON schema of an envelope (named types inlined), as registered."""
+    path = files("taskstream.schemas").joinpath("avro", f"{ENVELOPES[envelope]}.avsc")
+    with as_file(path) as p:  # named types resolve from sibling files, so this must be a real path
+        loaded = fastavro.schema.load_schema(str(p), _write_hint=False)
+    return json.dumps(loaded, separators=(",", ":"))
+
+
+@cache
+def parsed(envelope: str) -> Any:
+    return fastavro.parse_schema(json.loads(schema_text(envelope)))
+
+
+# ---- Python objects <-> Avro-shaped dicts ----------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def spec_from(d: dict[str, Any]) -> TaskSpec:
+    return TaskSpec(
+        name=d["name"], tenant=d["tenant"], argv=tuple(d["argv"]), env=dict(d["env"]),
+        working_dir=d["working_dir"], resources=Resources(**d["resources"]),
+        execution_cap_ms=d["execution_cap_ms"], retry_limit=d["retry_limit"], backoff=Backoff(**d["backoff"]),
+        delay_tolerance_ms=d["delay_tolerance_ms"], priority=d["priority"],
+        dependencies=tuple(d["dependencies"]), not_before_ms=d["not_before_ms"], labels=dict(d["labels"]),
+    )
+
+
+def _typed(cls: type, d: dict[str, Any]) -> Any:
+    kw = dict(d)
+    if "spec" in kw:
+        kw["spec"] = spec_from(kw["spec"])
+    if cls is r.SubmitDag:
+        kw["tasks"] = tuple(spec_from(t) for t in kw["tasks"])
+    if cls is r.SubmissionRejected:
+        kw["errors"] = tuple(r.FieldProblem(**p) for p in kw["errors"])
+    return cls(**kw)
+
+
+def _branch(table: dict[str, type], value: tuple[str, dict[str, Any]], what: str) -> Any:
+    name, body = value
+    cls = table.get(name)
+    if cls is None:
+        raise DecodeError(f"{what} type {name} is not known to this version of taskstream")
+    return _typed(cls, body)
+
+
+def _union(obj: Any) -> tuple[str, dict[str, Any]]:
+    names = {
+        r.CancelTaskRequest: "CancelTask",
+        r.ReprioritizeTaskRequest: "ReprioritizeTask",
+    }
+    return r.NS + names.get(type(obj), type(obj).__name__), _plain(obj)
+
+
+def to_avro(obj: Any) -> dict[str, Any]:
+    """An envelope record as the dict fastavro writes (unions of records in tuple notation)."""
+    d = _plain(obj)
+    if isinstance(obj, r.EventRecord):
+        d["payload"] = _union(obj.payload)
+    elif isinstance(obj, r.CommandRecord | r.InputRecord):
+        d["body"] = _union(obj.body)
+    return d
+
+
+def from_avro(envelope: str, d: dict[str, Any]) -> Any:
+    if envelope == "event":
+        return r.EventRecord(**{**d, "payload": _branch(r.EVENT_PAYLOADS, d["payload"], "event")})
+    if envelope == "command":
+        return r.CommandRecord(**{**d, "body": _branch(r.COMMAND_BODIES, d["body"], "command")})
+    if envelope == "input":
+        return r.InputRecord(**{**d, "body": _branch(r.INPUT_BODIES, d["body"], "input")})
+    if envelope == "queued":
+        return r.QueuedTask(**{**d, "spec": spec_from(d["spec"])})
+    raise ValueError(envelope)
+
+
+def envelope_of(obj: Any) -> str:
+    for name, cls in (("event", r.EventRecord), ("command", r.CommandRecord), ("input", r.InputRecord),
+                      ("queued", r.QueuedTask)):
+        if isinstance(obj, cls):
+            return name
+    raise TypeError(f"not an envelope record: {type(obj).__name__}")
+
+
+# ---- the codec --------------------------------------------------------------------------------------
+
+SchemaFetcher = Callable[[int], str]  # schema id -> schema JSON text
+
+
+class Codec:
+    """Encode our envelopes with registered ids; decode anything with a known writer schema.
+
+    `ids` maps envelope name -> registered schema id (from `register_all`). `fetch` looks up an unknown
+    writer schema by id (the registry), once per id.
+    """
+
+    def __init__(self, ids: dict[str, int], fetch: SchemaFetcher) -> None:
+        self.ids = dict(ids)
+        self._fetch = fetch
+        self._writers: dict[int, Any] = {i: parsed(env) for env, i in ids.items()}
+
+    def encode(self, obj: Any) -> bytes:
+        env = envelope_of(obj)
+        buf = io.BytesIO()
+        buf.write(struct.pack(">bI", MAGIC, self.ids[env]))
+        fastavro.schemaless_writer(buf, parsed(env), to_avro(obj))
+        return buf.getvalue()
+
+    def writer_schema(self, schema_id: int) -> Any:
+        w = self._writers.get(schema_id)
+        if w is None:
+            try:
+                text = self._fetch(schema_id)
+            except Exception as exc:  # registry said no, or is unreachable
+                raise UnknownSchemaError(f"schema id {schema_id} is not known to the registry ({exc})") from exc
+            try:
+                w = fastavro.parse_schema(json.loads(text))
+            except Exception as exc:
+                raise UnknownSchemaError(f"schema id {schema_id} does not parse ({exc})") from exc
+            self._writers[schema_id] = w
+        return w
+
+    def decode(self, envelope: str, data: bytes | None) -> Any:
+        if data is None:
+            raise DecodeError("empty message (no value)")
+        if len(data) < 5:
+            raise DecodeError(f"{len(data)} bytes is too short for the Confluent wire format")
+        magic, schema_id = struct.unpack(">bI", data[:5])
+        if magic != MAGIC:
+            raise DecodeError(f"magic byte {magic} is not 0: not the Confluent wire format")
+        writer = self.writer_schema(schema_id)
+        try:
+            d = fastavro.schemaless_reader(io.BytesIO(data[5:]), writer, parsed(envelope), return_record_name=True)
+        except Exception as exc:
+            raise DecodeError(f"body does not decode with schema id {schema_id} as {ENVELOPES[envelope]}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        try:
+            return from_avro(envelope, d)
+        except DecodeError:
+            raise
+        except Exception as exc:
+            raise DecodeError(f"decoded {ENVELOPES[envelope]} has an unusable shape: {exc}") from exc

@@ -1,0 +1,150 @@
+"""The Faust application: one agent per scheduler component, each owning work through partitions.
+
+- admission: commands topic -> TaskSubmitted/TaskAdmitted or SubmissionRejected (streams/admission.py)
+- lifecycle: events + task-inputs -> every later task event (streams/lifecycle.py)
+- executor: queue -> claim, run, report (streams/worker.py)
+- a timer that turns due retries and start times into inputs for the owning partition
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import faust
+
+from taskstream.connectors.kafka import make_codec
+from taskstream.connectors.services import ready_file
+from taskstream.schemas.codec import DecodeError
+from taskstream.schemas.records import TimerFired
+from taskstream.settings import Settings
+from taskstream.streams.admission import handle_command
+from taskstream.streams.context import Context
+from taskstream.streams.lifecycle import Lifecycle
+from taskstream.streams.worker import ClaimWaiter, Executor
+
+log = logging.getLogger(__name__)
+TIMER_RESEND_MS = 5_000
+
+
+def build_app(settings: Settings, index: int = 0) -> faust.App:
+    s = settings
+    node = s.node_id or f"{s.node}-w{index}"
+    app = faust.App(
+        f"{s.topic_prefix}-scheduler",
+        broker=f"kafka://{s.bootstrap}",
+        store="rocksdb://",  # rocksdict underneath: the table store that survived restarts here
+        datadir=str(s.state_dir / "faust" / f"worker-{index}"),
+        web_host=s.host,
+        web_port=s.worker_port + index,
+        web_bind=s.host,
+        topic_partitions=s.partitions,
+        topic_replication_factor=1,
+        processing_guarantee="at_least_once",
+        producer_linger_ms=5,
+        broker_commit_interval=0.5,
+        consumer_auto_offset_reset="earliest",
+        stream_wait_empty=False,
+    )
+    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    commands = app.topic(s.topic("commands"), **raw)
+    events = app.topic(s.topic("events"), **raw)
+    inputs = app.topic(s.topic("task-inputs"), **raw)
+    queue = app.topic(s.topic("queue"), **raw)
+    dead = app.topic(s.topic("dead-letters"), **raw)
+    owned = app.topic(s.topic("events"), s.topic("task-inputs"), **raw)
+    tasks = app.Table("tasks", default=None, partitions=s.partitions, key_type=bytes, value_type=bytes)
+    timers = app.Table("timers", default=None, partitions=s.partitions, key_type=bytes, value_type=bytes)
+
+    holder: dict[str, Any] = {}
+
+    def ctx() -> Context:
+        if "ctx" not in holder:
+            holder["ctx"] = Context(s, make_codec(s), node, events, inputs, queue, dead)
+        return holder["ctx"]
+
+    lifecycle_holder: dict[str, Lifecycle] = {}
+
+    def lifecycle() -> Lifecycle:
+        if "l" not in lifecycle_holder:
+            lifecycle_holder["l"] = Lifecycle(ctx(), tasks, timers)
+        return lifecycle_holder["l"]
+
+    @app.agent(commands, name="admission")
+    async def admission(stream: Any) -> None:
+        async for event in stream.events():
+            await handle_command(ctx(), _Msg(event))
+
+    @app.agent(owned, name="lifecycle")
+    async def lifecycle_agent(stream: Any) -> None:
+        events_topic = s.topic("events")
+        async for event in stream.events():
+            await lifecycle().on_message(_Msg(event), events_topic)
+
+    worker_id = node
+    waiter_holder: dict[str, ClaimWaiter] = {}
+
+    @app.task
+    async def claim_waiter() -> None:
+        waiter_holder["w"] = ClaimWaiter(ctx(), worker_id)
+        await waiter_holder["w"].run()
+
+    @app.agent(queue, name="executor", concurrency=s.worker_slots)
+    async def executor(stream: Any) -> None:
+        async for event in stream.events():
+            while "w" not in waiter_holder:
+                await asyncio.sleep(0.05)
+            try:
+                qt = ctx().codec.decode("queued", event.value)
+            except DecodeError as err:
+                await ctx().dead_letter(_Msg(event), err.reason, "executor")
+                continue
+            await Executor(ctx(), worker_id, waiter_holder["w"]).handle(qt)
+
+    sent: dict[bytes, int] = {}
+
+    @app.timer(interval=0.25)
+    async def fire_timers() -> None:
+        now = int(time.time() * 1000)
+        due = []
+        for key, raw_timer in list(timers.items()):
+            if raw_timer is None:
+                continue
+            t = json.loads(raw_timer)
+            if t["due"] <= now and now - sent.get(key, 0) > TIMER_RESEND_MS:
+                due.append((key, t))
+        for key, t in due:
+            tid = key.decode()
+            sent[key] = now
+            await ctx().send_all([(inputs, tid, ctx().input(tid, now, TimerFired(t["purpose"]),
+                                                             f"{tid}:timer:{t['purpose']}:{t['due']}"))])
+
+    @app.task
+    async def mark_ready() -> None:
+        ctx()  # registers schemas before anything flows
+        path = ready_file(s, f"worker-{index}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        log.info("worker %s ready", node)
+
+    return app
+
+
+class _Msg:
+    """The parts of a Faust event the handlers use (topic, partition, offset, timestamp, key, value)."""
+
+    def __init__(self, event: Any) -> None:
+        m = event.message
+        self.topic, self.partition, self.offset = m.topic, m.partition, m.offset
+        self.timestamp = m.timestamp
+        self.key, self.value = m.key, m.value
+
+
+def run_worker(settings: Settings, index: int) -> None:
+    (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
+    app = build_app(settings, index)
+    worker = faust.Worker(app, loglevel="INFO", quiet=True)
+    worker.execute_from_commandline()

@@ -1,0 +1,55 @@
+"""What every agent shares: settings, the codec, topic handles and small helpers to write records."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from taskstream.schemas.codec import Codec
+from taskstream.schemas.records import EventRecord, InputRecord
+from taskstream.settings import Settings
+
+
+def unit_random(*parts: object) -> float:
+    """A number in [0, 1) that is a pure function of `parts`: reprocessing an input reproduces it."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+@dataclass
+class Context:
+    settings: Settings
+    codec: Codec
+    node: str
+    events: Any  # faust topics
+    inputs: Any
+    queue: Any
+    dead_letters: Any
+
+    def event(self, task_id: str | None, submission_id: str, version: int, at_ms: int, payload: Any,
+              event_id: str | None = None) -> EventRecord:
+        return EventRecord(
+            event_id=event_id or f"{task_id}:{version}", task_id=task_id, submission_id=submission_id,
+            version=version, event_ms=at_ms, node=self.node, payload=payload,
+        )
+
+    def input(self, task_id: str, at_ms: int, body: Any, input_id: str) -> InputRecord:
+        return InputRecord(input_id=input_id, task_id=task_id, sent_ms=at_ms, sender=self.node, body=body)
+
+    async def send_all(self, sends: list[tuple[Any, str, Any]]) -> None:
+        """Send (topic, key, record) tuples and wait until every one is durable."""
+        futures = [await topic.send(key=key.encode(), value=self.codec.encode(rec)) for topic, key, rec in sends]
+        for fut in futures:
+            await fut
+
+    async def dead_letter(self, message: Any, reason: str, detected_by: str) -> None:
+        headers = [
+            ("taskstream.error", reason.encode()[:2000]),
+            ("taskstream.source.topic", str(message.topic).encode()),
+            ("taskstream.source.partition", str(message.partition).encode()),
+            ("taskstream.source.offset", str(message.offset).encode()),
+            ("taskstream.detected.by", detected_by.encode()),
+        ]
+        fut = await self.dead_letters.send(key=message.key, value=message.value, headers=headers)
+        await fut

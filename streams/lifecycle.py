@@ -1,0 +1,178 @@
+"""The task's owner (dependency tracker, dispatcher, and the claim's judge), one per partition.
+
+It consumes the events topic (to pick up what admission wrote) and the task-inputs topic (claims and
+reports from workers, signals from other partitions, timers, user requests), both keyed by task id, so
+one owner sees everything about a task. For each input it runs the pure core (`machine.run`), writes
+the resulting events and signals, waits until they are durable, and only then saves the task's record
+in its table. Reprocessing an input after a crash therefore either finds the record already saved (the
+events are durable) or decides again from the same state and time, producing the same events with the
+same ids, which every reader skips.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from typing import Any
+
+from taskstream.core import commands as c
+from taskstream.core import events as e
+from taskstream.core.machine import Rejection, evolve, run
+from taskstream.core.model import TERMINAL, Status, TaskState
+from taskstream.schemas import records as r
+from taskstream.schemas.codec import DecodeError
+from taskstream.streams.context import Context, unit_random
+from taskstream.streams.state_codec import TaskRecord, dumps, loads
+
+log = logging.getLogger(__name__)
+ADMISSION_EVENTS = (e.TaskSubmitted, e.TaskAdmitted, e.TaskRejected)
+
+
+class Lifecycle:
+    def __init__(self, ctx: Context, tasks: Any, timers: Any) -> None:
+        self.ctx = ctx
+        self.tasks = tasks  # faust Table: task id (bytes) -> TaskRecord JSON
+        self.timers = timers  # faust Table: task id (bytes) -> {"due": ms, "purpose": str}
+
+    def load(self, task_id: str) -> TaskRecord:
+        raw = self.tasks.get(task_id.encode())
+        return loads(raw) if raw else TaskRecord(TaskState(task_id=task_id))
+
+    # -- inputs ----------------------------------------------------------------------------------------
+    async def on_message(self, message: Any, events_topic: str) -> None:
+        if message.topic == events_topic:
+            await self._on_event(message)
+        else:
+            await self._on_input(message)
+
+    async def _on_event(self, message: Any) -> None:
+        try:
+            rec = self.ctx.codec.decode("event", message.value)
+        except DecodeError as err:
+            await self.ctx.dead_letter(message, err.reason, "lifecycle")
+            return
+        if rec.task_id is None or not isinstance(rec.payload, ADMISSION_EVENTS):
+            return  # submission outcomes, and events this agent wrote itself
+        record = self.load(rec.task_id)
+        if rec.version != record.state.version + 1:
+            return  # already applied (redelivery or a resubmission with the same ids)
+        record.state = evolve(record.state, rec.payload, rec.event_ms)
+        more, sends = self._react(record, [rec.payload], rec.event_ms)
+        await self._process(record, more, rec.event_ms, rand=0.0, sends=sends)
+
+    async def _on_input(self, message: Any) -> None:
+        try:
+            inp = self.ctx.codec.decode("input", message.value)
+        except DecodeError as err:
+            await self.ctx.dead_letter(message, err.reason, "lifecycle")
+            return
+        at = inp.sent_ms
+        record = self.load(inp.task_id)
+        rand = unit_random(inp.input_id)
+        b = inp.body
+        cmds: list[c.Command] = []
+        sends: list[tuple[Any, str, Any]] = []
+        match b:
+            case r.WatchPrerequisite(dependent=dep):
+                if dep not in record.dependents:
+                    record.dependents.append(dep)
+                if record.state.is_terminal:
+                    sends.append(self._ended_signal(record.state, dep, at))
+            case r.PrerequisiteEnded(prerequisite=pre, succeeded=ok, outcome=outcome):
+                record.ended[pre] = outcome
+                if record.state.status is Status.WAITING:
+                    if not ok:
+                        cmds.append(c.CancelTask(f"prerequisite {pre} ended {outcome.lower()}", at))
+                    elif self._all_succeeded(record):
+                        cmds.append(c.MarkReady("every prerequisite succeeded", at))
+            case r.ClaimRequest(attempt=n, worker=w, claim_id=cid):
+                cmds.append(c.ClaimTask(n, w, cid, at))
+            case r.StartReport(claim_id=cid, pid=pid):
+                cmds.append(c.StartTask(cid, pid, at))
+            case r.FinishReport():
+                cmds.append(c.FinishTask(b.claim_id, b.exit_code, b.output_tail, b.duration_ms, b.reason, at))
+            case r.TimerFired(purpose="retry"):
+                cmds.append(c.RetryTask(at))
+            case r.TimerFired(purpose="not_before"):
+                cmds.append(c.MarkReady("earliest start time reached", at))
+            case r.CancelRequest(reason=why):
+                cmds.append(c.CancelTask(why, at))
+            case r.ReprioritizeRequest(priority=p):
+                cmds.append(c.ReprioritizeTask(p, at))
+        await self._process(record, cmds, at, rand, sends)
+
+    # -- deciding ------------------------------------------------------------------------------------
+    def _all_succeeded(self, record: TaskRecord) -> bool:
+        spec = record.state.spec
+        assert spec is not None
+        return all(record.ended.get(d) == Status.SUCCEEDED.value for d in spec.dependencies)
+
+    def _ended_signal(self, state: TaskState, dependent: str, at: int) -> tuple[Any, str, Any]:
+        body = r.PrerequisiteEnded(prerequisite=state.task_id, succeeded=state.status is Status.SUCCEEDED,
+                                   outcome=state.status.value)
+        return (self.ctx.inputs, dependent,
+                self.ctx.input(dependent, at, body, f"{state.task_id}:ended:{dependent}"))
+
+    def _react(self, record: TaskRecord, new: list[e.Event], at: int) -> tuple[list[c.Command], list[tuple[Any, str, Any]]]:
+        """What follows from events just decided: more commands for this task, and sends elsewhere."""
+        s = record.state
+        cmds: list[c.Command] = []
+        sends: list[tuple[Any, str, Any]] = []
+        for ev in new:
+            match ev:
+                case e.TaskAdmitted():
+                    assert s.spec is not None
+                    if not s.spec.dependencies:
+                        cmds.append(c.MarkReady("no prerequisites", at))
+                    for dep in s.spec.dependencies:
+                        sends.append((self.ctx.inputs, dep, self.ctx.input(
+                            dep, at, r.WatchPrerequisite(dependent=s.task_id), f"{s.task_id}:watch:{dep}")))
+                    if s.spec.dependencies and self._all_succeeded(record):
+                        cmds.append(c.MarkReady("every prerequisite succeeded", at))
+                case e.TaskReady():
+                    cmds.append(c.QueueTask(self.ctx.settings.lane, at))
+                case e.TaskQueued(attempt=n, lane=lane):
+                    assert s.spec is not None
+                    sends.append((self.ctx.queue, s.task_id, r.QueuedTask(s.task_id, n, lane, at, s.spec)))
+        if s.status in TERMINAL and any(type(ev) in _ENDINGS for ev in new):
+            sends.extend(self._ended_signal(s, dep, at) for dep in record.dependents)
+        return cmds, sends
+
+    async def _process(self, record: TaskRecord, commands: list[c.Command], at: int, rand: float,
+                       sends: list[tuple[Any, str, Any]]) -> None:
+        tid = record.state.task_id
+        pending = deque(commands)
+        out: list[tuple[Any, str, Any]] = []
+        timer: dict[str, Any] | None | bool = False  # False: leave as is; None: clear
+        while pending:
+            cmd = pending.popleft()
+            before = record.state
+            state, decided = run(before, cmd, rand)
+            if isinstance(decided, Rejection):
+                if (isinstance(cmd, c.MarkReady) and before.status is Status.WAITING and before.spec
+                        and before.spec.not_before_ms is not None):
+                    timer = {"due": before.spec.not_before_ms, "purpose": "not_before"}
+                else:
+                    log.info("%s", decided.message)
+                continue
+            for i, ev in enumerate(decided, start=1):
+                out.append((self.ctx.events, tid, self.ctx.event(tid, before.submission_id, before.version + i, at, ev)))
+                if isinstance(ev, e.TaskRetryScheduled):
+                    timer = {"due": ev.due_ms, "purpose": "retry"}
+                elif isinstance(ev, e.TaskReady | e.TaskCancelled) and timer is False:
+                    timer = None
+            record.state = state
+            more, more_sends = self._react(record, decided, at)
+            pending.extend(more)
+            sends.extend(more_sends)
+        await self.ctx.send_all(out + sends)  # durable first ...
+        self.tasks[tid.encode()] = dumps(record)  # ... then remembered
+        key = tid.encode()
+        if timer:
+            self.timers[key] = json.dumps(timer).encode()
+        elif timer is None and key in self.timers:
+            del self.timers[key]
+
+
+_ENDINGS = (e.TaskSucceeded, e.TaskDeadLettered, e.TaskCancelled, e.TaskRejected)

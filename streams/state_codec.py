@@ -1,0 +1,40 @@
+"""JSON for what the lifecycle agent keeps in its table: the task's state plus dependency bookkeeping."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskstream.core.model import Claim, Status, TaskState
+from taskstream.schemas.codec import _plain, spec_from
+
+
+@dataclass
+class TaskRecord:
+    state: TaskState
+    dependents: list[str] = field(default_factory=list)  # tasks to tell when this one ends
+    ended: dict[str, str] = field(default_factory=dict)  # prerequisite id -> how it ended
+
+
+def dumps(rec: TaskRecord) -> bytes:
+    s = rec.state
+    d: dict[str, Any] = {
+        "task_id": s.task_id, "status": s.status.value, "version": s.version,
+        "spec": _plain(s.spec) if s.spec else None, "submission_id": s.submission_id, "priority": s.priority,
+        "attempt": s.attempt, "claim": _plain(s.claim) if s.claim else None, "retry_due_ms": s.retry_due_ms,
+        "exit_code": s.exit_code, "reason": s.reason, "updated_ms": s.updated_ms,
+    }
+    return json.dumps({"state": d, "dependents": rec.dependents, "ended": rec.ended}).encode()
+
+
+def loads(raw: bytes) -> TaskRecord:
+    obj = json.loads(raw)
+    d = obj["state"]
+    state = TaskState(
+        task_id=d["task_id"], status=Status(d["status"]), version=d["version"],
+        spec=spec_from(d["spec"]) if d["spec"] else None, submission_id=d["submission_id"], priority=d["priority"],
+        attempt=d["attempt"], claim=Claim(**d["claim"]) if d["claim"] else None, retry_due_ms=d["retry_due_ms"],
+        exit_code=d["exit_code"], reason=d["reason"], updated_ms=d["updated_ms"],
+    )
+    return TaskRecord(state, list(obj["dependents"]), dict(obj["ended"]))

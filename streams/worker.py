@@ -1,0 +1,171 @@
+"""The worker: claims queued tasks, runs their argv as a subprocess, and reports how they ended.
+
+A worker never runs a task on its own authority: it asks the task's owner for the claim (ClaimRequest
+on task-inputs) and runs only if the log says it won (TaskClaimed with its claim id). It reports the
+start, then the exit status and a bounded tail of the output. A run over its execution cap is killed
+(SIGTERM to its process group, SIGKILL after a grace period) and reported as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from taskstream.core import events as e
+from taskstream.schemas import records as r
+from taskstream.schemas.codec import DecodeError
+from taskstream.streams.context import Context
+
+log = logging.getLogger(__name__)
+KILL_GRACE_S = 5.0
+CLAIM_TIMEOUT_S = 60.0
+BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
+
+
+class ClaimWaiter:
+    """Follows the events topic from the moment the worker starts and resolves pending claims."""
+
+    def __init__(self, ctx: Context, worker_id: str) -> None:
+        self.ctx = ctx
+        self.worker_id = worker_id
+        self.pending: dict[str, asyncio.Future[e.Event]] = {}
+        self.ready = asyncio.Event()
+
+    def expect(self, claim_id: str) -> asyncio.Future[e.Event]:
+        fut: asyncio.Future[e.Event] = asyncio.get_running_loop().create_future()
+        self.pending[claim_id] = fut
+        return fut
+
+    async def run(self) -> None:
+        s = self.ctx.settings
+        consumer = AIOKafkaConsumer(bootstrap_servers=s.bootstrap, enable_auto_commit=False,
+                                    isolation_level="read_committed", fetch_max_wait_ms=100)
+        await consumer.start()
+        try:
+            topic = s.topic("events")
+            parts = [TopicPartition(topic, p) for p in range(s.partitions)]
+            consumer.assign(parts)
+            await consumer.seek_to_end(*parts)
+            for tp in parts:  # resolve the positions now, so nothing decided after this point is missed
+                await consumer.position(tp)
+            self.ready.set()
+            while True:
+                batches = await consumer.getmany(timeout_ms=200, max_records=1000)
+                if not batches:
+                    await asyncio.sleep(0.01)  # noida-db answers empty fetches at once
+                    continue
+                for msgs in batches.values():
+                    for m in msgs:
+                        self._see(m.value)
+        finally:
+            await consumer.stop()
+
+    def _see(self, raw: bytes) -> None:
+        try:
+            rec = self.ctx.codec.decode("event", raw)
+        except DecodeError:
+            return  # the projections dead-letter these; a worker only looks for its verdicts
+        p = rec.payload
+        if isinstance(p, e.TaskClaimed | e.ClaimRejected) and p.claim_id in self.pending:
+            fut = self.pending.pop(p.claim_id)
+            if not fut.done():
+                fut.set_result(p)
+
+
+def _tail(buf: bytearray, limit: int) -> str:
+    return bytes(buf[-limit:]).decode("utf-8", errors="replace")
+
+
+async def _read_tail(stream: asyncio.StreamReader, limit: int) -> bytearray:
+    buf = bytearray()
+    while chunk := await stream.read(65536):
+        buf += chunk
+        if len(buf) > 2 * limit:
+            del buf[:-limit]
+    return buf
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class Executor:
+    def __init__(self, ctx: Context, worker_id: str, waiter: ClaimWaiter) -> None:
+        self.ctx = ctx
+        self.worker_id = worker_id
+        self.waiter = waiter
+        self.work_root = ctx.settings.state_dir / "work"
+
+    async def handle(self, qt: r.QueuedTask) -> None:
+        claim_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{qt.task_id}/{qt.attempt}/{self.worker_id}"))
+        await self.waiter.ready.wait()
+        verdict = self.waiter.expect(claim_id)
+        now = int(time.time() * 1000)
+        await self._report(qt.task_id, now, r.ClaimRequest(qt.attempt, self.worker_id, claim_id), f"{claim_id}:claim")
+        try:
+            outcome = await asyncio.wait_for(verdict, CLAIM_TIMEOUT_S)
+        except TimeoutError:
+            self.waiter.pending.pop(claim_id, None)
+            log.warning("no verdict on claim %s for task %s within %.0fs", claim_id, qt.task_id, CLAIM_TIMEOUT_S)
+            return
+        if isinstance(outcome, e.ClaimRejected):
+            log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
+            return
+        await self._run(qt, claim_id)
+
+    async def _report(self, task_id: str, at: int, body: Any, input_id: str) -> None:
+        await self.ctx.send_all([(self.ctx.inputs, task_id, self.ctx.input(task_id, at, body, input_id))])
+
+    async def _run(self, qt: r.QueuedTask, claim_id: str) -> None:
+        spec = qt.spec
+        limit = self.ctx.settings.output_tail_bytes
+        env = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
+        env.update(spec.env)
+        env.update(TASKSTREAM_TASK_ID=qt.task_id, TASKSTREAM_ATTEMPT=str(qt.attempt), TASKSTREAM_TENANT=spec.tenant,
+                   TASKSTREAM_TASK_NAME=spec.name)
+        cwd = Path(spec.working_dir) if spec.working_dir else self.work_root / qt.task_id / str(qt.attempt)
+        started = time.monotonic()
+        try:
+            if not spec.working_dir:
+                cwd.mkdir(parents=True, exist_ok=True)
+            proc = await asyncio.create_subprocess_exec(
+                *spec.argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            )
+        except OSError as exc:
+            why = f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"
+            await self._report(qt.task_id, int(time.time() * 1000),
+                               r.FinishReport(claim_id, None, "", 0, why), f"{claim_id}:finish")
+            return
+        await self._report(qt.task_id, int(time.time() * 1000), r.StartReport(claim_id, proc.pid), f"{claim_id}:start")
+        assert proc.stdout is not None
+        reader = asyncio.create_task(_read_tail(proc.stdout, limit))
+        reason = ""
+        try:
+            await asyncio.wait_for(proc.wait(), spec.execution_cap_ms / 1000)
+        except TimeoutError:
+            reason = f"killed: ran over its execution cap of {spec.execution_cap_ms / 1000:g}s"
+            _kill_group(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), KILL_GRACE_S)
+            except TimeoutError:
+                _kill_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        _kill_group(proc.pid, signal.SIGKILL)  # nothing the task started outlives it
+        buf = await reader
+        duration = int((time.monotonic() - started) * 1000)
+        code = proc.returncode
+        if reason and code == 0:
+            code = -signal.SIGTERM
+        await self._report(qt.task_id, int(time.time() * 1000),
+                           r.FinishReport(claim_id, code, _tail(buf, limit), duration, reason), f"{claim_id}:finish")

@@ -1,0 +1,3 @@
+"""taskstream: an event-sourced, distributed task scheduler."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from taskstream.cli import main
+
+main()

@@ -1,0 +1,366 @@
+"""The `taskstream` command: run the embedded stack, submit DAGs, watch them, audit their history."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from taskstream.settings import Settings, SettingsError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+serve_app = typer.Typer(hidden=True, help="Run one service in the foreground (the supervisor uses these).")
+app.add_typer(serve_app, name="serve")
+console = Console()
+err = Console(stderr=True)
+TERMINAL = {"SUCCEEDED", "DEAD_LETTERED", "CANCELLED", "REJECTED"}
+STYLE = {"SUCCEEDED": "green", "DEAD_LETTERED": "red", "CANCELLED": "yellow", "REJECTED": "red",
+         "RUNNING": "cyan", "RETRY_WAIT": "magenta"}
+
+
+def settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"[red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+# ---- up / down ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def up(timeout: Annotated[float, typer.Option(help="seconds to wait for every service")] = 240.0) -> None:
+    """Start the embedded stack (broker, PostgreSQL, registry, graph, workers) under the state directory."""
+    from taskstream import supervisor as sup
+    from taskstream.connectors import services as sv
+
+    s = settings()
+    status = sup.read_status(s)
+    if status and sup.pid_alive(status["pid"]) and status["status"] in ("starting", "ready"):
+        console.print(f"taskstream is already up (supervisor pid {status['pid']}, state {s.state_dir})")
+        return
+    try:
+        specs = sv.embedded_specs(s)
+    except sv.ServiceError as exc:
+        fail(str(exc))
+    for spec in specs:
+        for what, port in spec.ports:
+            if not sv.port_free(s.host, port):
+                fail(f"port {port} on {s.host} ({what}) is taken: stop what uses it or set another port "
+                     f"(TASKSTREAM_*_PORT)")
+    for d in (sv.run_dir(s), sv.log_dir(s)):
+        d.mkdir(parents=True, exist_ok=True)
+    sup.status_file(s).unlink(missing_ok=True)
+    log = open(sv.log_dir(s) / "supervisor.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(  # noqa: S603 - argv list
+        [sys.executable, "-m", "taskstream", "serve", "supervisor"], stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, env={**os.environ, **s.env()}, start_new_session=True,
+    )
+    log.close()
+    deadline = time.monotonic() + timeout
+    with console.status("starting taskstream…") as spinner:
+        while time.monotonic() < deadline:
+            st = sup.read_status(s) or {}
+            if st.get("status") in ("failed", "stopped") or proc.poll() is not None:
+                proc.wait(60)
+                st = sup.read_status(s) or {}
+                fail(f"start-up failed: {st.get('error') or 'see ' + str(sv.log_dir(s) / 'supervisor.log')}")
+            if st.get("status") == "ready":
+                break
+            starting = [n for n, v in st.get("services", {}).items() if v.get("pid")]
+            spinner.update(f"starting taskstream… {starting[-1] if starting else ''}")
+            time.sleep(0.3)
+        else:
+            proc.send_signal(signal.SIGTERM)
+            fail(f"not ready within {timeout:.0f}s; logs in {sv.log_dir(s)}")
+    _print_services(s)
+
+
+def _print_services(s: Settings) -> None:
+    from taskstream import supervisor as sup
+
+    st = sup.read_status(s) or {}
+    t = Table(title=f"taskstream {st.get('status', 'down')} · state {s.state_dir}")
+    for col in ("service", "pid", "alive", "restarts"):
+        t.add_column(col)
+    for name, v in st.get("services", {}).items():
+        alive = bool(v.get("pid")) and sup.pid_alive(v["pid"])
+        t.add_row(name, str(v.get("pid") or "-"), "yes" if alive else "[red]no[/]", str(v.get("restarts", 0)))
+    console.print(t)
+    console.print(f"Kafka {s.bootstrap} · registry {s.registry} · PostgreSQL {s.dsn.split(' connect_timeout')[0]}"
+                  f" · graph {s.graph_backend}")
+
+
+@app.command()
+def down(timeout: Annotated[float, typer.Option(help="seconds to wait before killing")] = 90.0) -> None:
+    """Stop the embedded stack. Its data stays in the state directory for the next `up`."""
+    from taskstream import supervisor as sup
+
+    s = settings()
+    st = sup.read_status(s)
+    if not st or not sup.pid_alive(st["pid"]):
+        _kill_leftovers(st)
+        console.print("taskstream is not running")
+        return
+    os.kill(st["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    with console.status("stopping taskstream…"):
+        while sup.pid_alive(st["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    if sup.pid_alive(st["pid"]):
+        os.kill(st["pid"], signal.SIGKILL)
+        _kill_leftovers(st)
+    console.print("taskstream stopped")
+
+
+def _kill_leftovers(st: dict[str, Any] | None) -> None:
+    from taskstream import supervisor as sup
+
+    for v in (st or {}).get("services", {}).values():
+        pid = v.get("pid")
+        if pid and sup.pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+# ---- submit ------------------------------------------------------------------------------------------
+
+
+def load_document(path: Path) -> Any:
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}", 2)
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}", 2)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        fail(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}", 2)
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="a DAG as YAML or JSON (see examples/)")],
+    follow: Annotated[bool, typer.Option("--follow/--no-follow", help="watch it until every task ends")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for admission (and, with --follow, the end)")] = 600,
+) -> None:
+    """Submit a DAG of tasks. Exit status: 0 accepted (and, with --follow, all succeeded), 1 otherwise, 2 bad file."""
+    from taskstream.core.submission import SubmissionError, parse_document
+    from taskstream.sdk import Client, SubmitError
+
+    try:
+        sub = parse_document(load_document(file), str(file))
+    except SubmissionError as exc:
+        err.print(f"[red]error:[/] {file}: {len(exc.errors)} problem(s):")
+        for e in exc.errors:
+            err.print(f"  - {e}")
+        raise typer.Exit(2) from exc
+    s = settings()
+    try:
+        client = Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}")
+        _, sid = client.submit(sub)
+        outcome = client.wait_outcome(sid, timeout=min(timeout, 120))
+    except SubmitError as exc:
+        fail(str(exc))
+    if not outcome.accepted:
+        err.print(f"[red]rejected:[/] submission {sid}:")
+        for e in outcome.errors:
+            where = f"task {e['task']!r}" if e.get("task") else "submission"
+            err.print(f"  - {where}, field {e['field']!r}: {e['reason']}")
+        raise typer.Exit(1)
+    console.print(f"[green]accepted[/] submission {sid}: {len(outcome.task_ids)} task(s)")
+    if not follow:
+        for name, tid in outcome.task_ids.items():
+            console.print(f"  {name}  {tid}")
+        return
+    ok = follow_submission(s, sid, timeout)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _rows(conn: Any, sid: str) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT name, status, attempt, exit_code, started_at, finished_at, reason, task_id FROM tasks "
+        "WHERE submission_id = %s ORDER BY name", (sid,)).fetchall()
+
+
+def follow_submission(s: Settings, sid: str, timeout: float) -> bool:
+    """Show progress until every task of the submission is terminal; print a summary; True if all succeeded."""
+    import psycopg
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    deadline = time.monotonic() + timeout
+    seen: dict[str, str] = {}
+    with psycopg.connect(s.dsn, autocommit=True) as conn:
+        rows = _rows(conn, sid)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as progress:
+            bar = progress.add_task("running", total=len(rows) or None)
+            while time.monotonic() < deadline:
+                rows = _rows(conn, sid)
+                for name, status, attempt, *_ in rows:
+                    if seen.get(name) != status:
+                        seen[name] = status
+                        style = STYLE.get(status, "white")
+                        progress.console.print(f"  {name:<24} [{style}]{status}[/] (attempt {attempt})")
+                done = sum(1 for r in rows if r[1] in TERMINAL)
+                counts: dict[str, int] = {}
+                for r in rows:
+                    counts[r[1]] = counts.get(r[1], 0) + 1
+                progress.update(bar, total=len(rows), completed=done,
+                                description=" ".join(f"{k.lower()}:{v}" for k, v in sorted(counts.items())))
+                if rows and done == len(rows):
+                    break
+                time.sleep(0.3)
+        rows = _rows(conn, sid)
+    t = Table(title=f"submission {sid}")
+    for col in ("task", "status", "attempts", "exit", "took", "why"):
+        t.add_column(col)
+    for name, status, attempt, code, started, finished, reason, _tid in rows:
+        took = f"{(finished - started).total_seconds():.2f}s" if started and finished else "-"
+        t.add_row(name, f"[{STYLE.get(status, 'white')}]{status}[/]", str(attempt),
+                  "-" if code is None else str(code), took, reason or "")
+    console.print(t)
+    all_ok = bool(rows) and all(r[1] == "SUCCEEDED" for r in rows)
+    if not all(r[1] in TERMINAL for r in rows):
+        err.print(f"[yellow]not finished within {timeout:.0f}s[/]")
+    return all_ok
+
+
+# ---- status / audit ----------------------------------------------------------------------------------
+
+
+@app.command()
+def status(task: Annotated[str | None, typer.Argument(help="a task id; omit for an overview")] = None) -> None:
+    """Show the stack and task counts, or one task with its attempts."""
+    import psycopg
+
+    s = settings()
+    try:
+        conn = psycopg.connect(s.dsn, autocommit=True)
+    except psycopg.OperationalError as exc:
+        fail(f"cannot reach PostgreSQL at {s.dsn.split(' connect_timeout')[0]} (is the stack up?): "
+             f"{str(exc).strip().splitlines()[0]}")
+    with conn:
+        if task is None:
+            if s.embedded_kafka:
+                _print_services(s)
+            t = Table(title="tasks by status")
+            t.add_column("status")
+            t.add_column("count", justify="right")
+            for st, n in conn.execute("SELECT status, count(*) FROM tasks GROUP BY status ORDER BY status"):
+                t.add_row(f"[{STYLE.get(st, 'white')}]{st}[/]", str(n))
+            console.print(t)
+            return
+        row = conn.execute("SELECT name, tenant, status, version, attempt, worker, exit_code, reason, argv, "
+                           "submission_id, dependencies FROM tasks WHERE task_id::text = %s", (task,)).fetchone()
+        if row is None:
+            fail(f"no task {task} in the read model (it may not be projected yet; try `taskstream audit {task}`)")
+        name, tenant, st, version, attempt, worker, code, reason, argv, sid, deps = row
+        console.print(f"task {task} [bold]{name}[/] (tenant {tenant}, submission {sid})")
+        console.print(f"  status [{STYLE.get(st, 'white')}]{st}[/] · version {version} · attempt {attempt} · "
+                      f"worker {worker or '-'} · exit {code if code is not None else '-'}")
+        console.print(f"  argv {argv}")
+        if deps:
+            console.print(f"  depends on {', '.join(str(d) for d in deps)}")
+        if reason:
+            console.print(f"  why: {reason}")
+        t = Table(title="attempts")
+        for col in ("#", "worker", "started", "ended", "exit", "outcome", "output (tail)"):
+            t.add_column(col)
+        for n, w, started, ended, ec, outcome, tail in conn.execute(
+                "SELECT attempt, worker, started_at, ended_at, exit_code, outcome, output_tail FROM attempts "
+                "WHERE task_id::text = %s ORDER BY attempt", (task,)):
+            t.add_row(str(n), w or "-", str(started or "-"), str(ended or "-"), "-" if ec is None else str(ec),
+                      outcome or "-", (tail or "").strip()[-200:])
+        console.print(t)
+
+
+@app.command()
+def audit(
+    task: Annotated[str, typer.Argument(help="a task id")],
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per event")] = False,
+) -> None:
+    """Every event of one task, read from the event log (not from a projection), in order."""
+    from taskstream.connectors.audit import task_history
+
+    s = settings()
+    try:
+        history = task_history(s, task)
+    except Exception as exc:
+        fail(f"cannot read the event log at {s.bootstrap}: {exc}")
+    if not history:
+        fail(f"no events for task {task} in {s.topic('events')}")
+    if as_json:
+        for h in history:
+            console.print_json(json.dumps(h, default=str)) if sys.stdout.isatty() else print(json.dumps(h, default=str))
+        return
+    t = Table(title=f"history of task {task}")
+    for col in ("v", "event", "event time", "log time", "by", "details"):
+        t.add_column(col)
+    for h in history:
+        t.add_row(str(h["version"]), h["event"], h["event_time"], h["log_time"], h["node"], h["details"])
+    console.print(t)
+
+
+# ---- services ------------------------------------------------------------------------------------------
+
+
+@serve_app.command("supervisor")
+def serve_supervisor() -> None:
+    from taskstream import serve
+
+    raise typer.Exit(serve.supervisor(settings()))
+
+
+@serve_app.command("registry")
+def serve_registry() -> None:
+    from taskstream import serve
+
+    serve.registry(settings())
+
+
+@serve_app.command("graph")
+def serve_graph() -> None:
+    from taskstream import serve
+
+    serve.graph(settings())
+
+
+@serve_app.command("pg-projector")
+def serve_pg() -> None:
+    from taskstream import serve
+
+    serve.pg_projector(settings())
+
+
+@serve_app.command("worker")
+def serve_worker(index: Annotated[int, typer.Option()] = 0) -> None:
+    from taskstream import serve
+
+    sys.argv = [sys.argv[0], "worker"]  # Faust's Worker reads argv
+    serve.worker(settings(), index)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,101 @@
+"""Task commands: requests to change one task, named in the imperative.
+
+Each is decided by the single owner of the task's partition (see machine.decide). `at_ms` is the
+command's time, given by the caller: the core never reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from taskstream.core.model import TaskSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitTask:
+    submission_id: str
+    spec: TaskSpec
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitTask:
+    node: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RejectTask:
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MarkReady:
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTask:
+    lane: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimTask:
+    attempt: int
+    worker: str
+    claim_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartTask:
+    claim_id: str
+    pid: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishTask:
+    """A worker's report that the claimed attempt ended. exit_code None: it never ran (spawn error)."""
+
+    claim_id: str
+    exit_code: int | None
+    output_tail: str
+    duration_ms: int
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryTask:
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTask:
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReprioritizeTask:
+    priority: int
+    at_ms: int
+
+
+Command = (
+    SubmitTask
+    | AdmitTask
+    | RejectTask
+    | MarkReady
+    | QueueTask
+    | ClaimTask
+    | StartTask
+    | FinishTask
+    | RetryTask
+    | CancelTask
+    | ReprioritizeTask
+)

@@ -1,0 +1,141 @@
+"""Event payloads: immutable facts about one task, named in the past tense.
+
+The envelope (event id, task id, version, time, node) is added by whoever writes the event to the
+log; the payload is what the state machine decides and folds. Field names match schemas/avro.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from taskstream.core.model import TaskSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSubmitted:
+    submission_id: str
+    spec: TaskSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TaskAdmitted:
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRejected:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReady:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskQueued:
+    attempt: int
+    lane: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskClaimed:
+    attempt: int
+    worker: str
+    claim_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRejected:
+    attempt: int
+    worker: str
+    claim_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStarted:
+    claim_id: str
+    worker: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskHeartbeat:
+    claim_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSucceeded:
+    claim_id: str
+    exit_code: int
+    output_tail: str
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailed:
+    claim_id: str
+    exit_code: int | None
+    output_tail: str
+    duration_ms: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRejected:
+    claim_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRetryScheduled:
+    next_attempt: int
+    due_ms: int
+    backoff_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTimedOut:
+    claim_id: str
+    cap_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCancelled:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReprioritized:
+    old_priority: int
+    new_priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDeadLettered:
+    reason: str
+    attempts: int
+
+
+Event = (
+    TaskSubmitted
+    | TaskAdmitted
+    | TaskRejected
+    | TaskReady
+    | TaskQueued
+    | TaskClaimed
+    | ClaimRejected
+    | TaskStarted
+    | TaskHeartbeat
+    | TaskSucceeded
+    | TaskFailed
+    | CompletionRejected
+    | TaskRetryScheduled
+    | TaskTimedOut
+    | TaskCancelled
+    | TaskReprioritized
+    | TaskDeadLettered
+)
+
+EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]

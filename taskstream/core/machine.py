@@ -1,0 +1,229 @@
+"""The task lifecycle: one transition table, `decide` (command -> events or rejection) and `evolve`.
+
+Agents and projections import this module and nothing else decides a task's status. `decide` never
+mutates; `evolve` is the only place state changes, and replaying the log through it rebuilds any state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import singledispatch
+
+from taskstream.core import commands as c
+from taskstream.core import events as e
+from taskstream.core.backoff import compute_backoff
+from taskstream.core.model import TERMINAL, Claim, Status, TaskState
+
+S = Status
+_LIVE = frozenset(Status) - TERMINAL - {S.NEW}
+
+# Which statuses each command may be decided from. Anything else is a rejection.
+TRANSITIONS: dict[type, frozenset[Status]] = {
+    c.SubmitTask: frozenset({S.NEW}),
+    c.AdmitTask: frozenset({S.SUBMITTED}),
+    c.RejectTask: frozenset({S.SUBMITTED}),
+    c.MarkReady: frozenset({S.WAITING}),
+    c.QueueTask: frozenset({S.READY}),
+    c.ClaimTask: frozenset({S.QUEUED}),
+    c.StartTask: frozenset({S.CLAIMED}),
+    c.FinishTask: frozenset({S.CLAIMED, S.RUNNING}),
+    c.RetryTask: frozenset({S.RETRY_WAIT}),
+    c.CancelTask: _LIVE,
+    c.ReprioritizeTask: frozenset({S.SUBMITTED, S.WAITING, S.READY, S.RETRY_WAIT}),
+}
+
+_VERBS: dict[type, str] = {
+    c.SubmitTask: "submit",
+    c.AdmitTask: "admit",
+    c.RejectTask: "reject",
+    c.MarkReady: "mark ready",
+    c.QueueTask: "queue",
+    c.ClaimTask: "claim",
+    c.StartTask: "start",
+    c.FinishTask: "finish",
+    c.RetryTask: "retry",
+    c.CancelTask: "cancel",
+    c.ReprioritizeTask: "reprioritize",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A command that may not happen. Worded by one template; agents record it, never raise it."""
+
+    task_id: str
+    command: str
+    status: Status
+    detail: str = ""
+
+    @property
+    def message(self) -> str:
+        base = f"cannot {self.command} task {self.task_id}: it is {self.status.value.lower()}"
+        return f"{base} ({self.detail})" if self.detail else base
+
+
+def _reject(state: TaskState, command: c.Command, detail: str = "") -> Rejection:
+    return Rejection(state.task_id, _VERBS[type(command)], state.status, detail)
+
+
+def decide(state: TaskState, command: c.Command, rand: float = 0.0) -> list[e.Event] | Rejection:
+    """Return the events `command` causes on `state`, or why it may not happen.
+
+    `rand` in [0, 1) is the injected randomness for retry jitter.
+    """
+    if state.status not in TRANSITIONS[type(command)]:
+        return _reject(state, command)
+    match command:
+        case c.SubmitTask(submission_id=sid, spec=spec):
+            return [e.TaskSubmitted(submission_id=sid, spec=spec)]
+        case c.AdmitTask(node=node):
+            return [e.TaskAdmitted(node=node)]
+        case c.RejectTask(reason=reason):
+            return [e.TaskRejected(reason=reason)]
+        case c.MarkReady(reason=reason, at_ms=at):
+            nb = state.spec.not_before_ms if state.spec else None
+            if nb is not None and at < nb:
+                return _reject(state, command, f"not before {nb}")
+            return [e.TaskReady(reason=reason)]
+        case c.QueueTask(lane=lane):
+            return [e.TaskQueued(attempt=state.attempt + 1, lane=lane)]
+        case c.ClaimTask(attempt=attempt, worker=worker, claim_id=cid):
+            if attempt != state.attempt:
+                return [e.ClaimRejected(attempt, worker, cid, f"attempt {attempt} is not current ({state.attempt})")]
+            return [e.TaskClaimed(attempt=attempt, worker=worker, claim_id=cid)]
+        case c.StartTask(claim_id=cid, pid=pid):
+            assert state.claim is not None
+            if cid != state.claim.claim_id:
+                return [e.CompletionRejected(cid, f"claim {cid} is fenced by {state.claim.claim_id}")]
+            return [e.TaskStarted(claim_id=cid, worker=state.claim.worker, pid=pid)]
+        case c.FinishTask(claim_id=cid, exit_code=code, output_tail=tail, duration_ms=dur, reason=why, at_ms=at):
+            return _finish(state, cid, code, tail, dur, why, at, rand)
+        case c.RetryTask(at_ms=at):
+            if state.retry_due_ms is not None and at < state.retry_due_ms:
+                return _reject(state, command, f"retry is due at {state.retry_due_ms}")
+            return [e.TaskReady(reason=f"retry {state.attempt + 1} due")]
+        case c.CancelTask(reason=reason):
+            return [e.TaskCancelled(reason=reason)]
+        case c.ReprioritizeTask(priority=p):
+            return [e.TaskReprioritized(old_priority=state.priority, new_priority=p)]
+    raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _finish(
+    state: TaskState, cid: str, code: int | None, tail: str, dur: int, why: str, at: int, rand: float
+) -> list[e.Event]:
+    assert state.claim is not None and state.spec is not None
+    if cid != state.claim.claim_id:
+        return [e.CompletionRejected(cid, f"claim {cid} is fenced by {state.claim.claim_id}")]
+    if code == 0:
+        return [e.TaskSucceeded(claim_id=cid, exit_code=0, output_tail=tail, duration_ms=dur)]
+    reason = why or (f"exit status {code}" if code is not None else "did not start")
+    failed = e.TaskFailed(claim_id=cid, exit_code=code, output_tail=tail, duration_ms=dur, reason=reason)
+    if state.attempt <= state.spec.retry_limit:
+        delay = compute_backoff(state.attempt, state.spec.backoff, rand)
+        return [failed, e.TaskRetryScheduled(next_attempt=state.attempt + 1, due_ms=at + delay, backoff_ms=delay)]
+    return [failed, e.TaskDeadLettered(reason=f"{reason}; {state.attempt} attempt(s), retry limit reached",
+                                       attempts=state.attempt)]
+
+
+@singledispatch
+def _apply(event: object, state: TaskState) -> TaskState:
+    raise TypeError(f"unknown event {event!r}")
+
+
+@_apply.register
+def _(ev: e.TaskSubmitted, s: TaskState) -> TaskState:
+    return replace(s, status=S.SUBMITTED, spec=ev.spec, submission_id=ev.submission_id, priority=ev.spec.priority)
+
+
+@_apply.register
+def _(ev: e.TaskAdmitted, s: TaskState) -> TaskState:
+    return replace(s, status=S.WAITING, reason="")
+
+
+@_apply.register
+def _(ev: e.TaskRejected, s: TaskState) -> TaskState:
+    return replace(s, status=S.REJECTED, reason=ev.reason)
+
+
+@_apply.register
+def _(ev: e.TaskReady, s: TaskState) -> TaskState:
+    return replace(s, status=S.READY, reason=ev.reason, claim=None, retry_due_ms=None)
+
+
+@_apply.register
+def _(ev: e.TaskQueued, s: TaskState) -> TaskState:
+    return replace(s, status=S.QUEUED, attempt=ev.attempt)
+
+
+@_apply.register
+def _(ev: e.TaskClaimed, s: TaskState) -> TaskState:
+    return replace(s, status=S.CLAIMED, claim=Claim(ev.attempt, ev.worker, ev.claim_id))
+
+
+@_apply.register
+def _(ev: e.TaskStarted, s: TaskState) -> TaskState:
+    return replace(s, status=S.RUNNING)
+
+
+@_apply.register
+def _(ev: e.TaskSucceeded, s: TaskState) -> TaskState:
+    return replace(s, status=S.SUCCEEDED, exit_code=ev.exit_code, reason="")
+
+
+@_apply.register
+def _(ev: e.TaskFailed, s: TaskState) -> TaskState:
+    return replace(s, exit_code=ev.exit_code, reason=ev.reason)
+
+
+@_apply.register
+def _(ev: e.TaskRetryScheduled, s: TaskState) -> TaskState:
+    return replace(s, status=S.RETRY_WAIT, retry_due_ms=ev.due_ms, claim=None)
+
+
+@_apply.register
+def _(ev: e.TaskDeadLettered, s: TaskState) -> TaskState:
+    return replace(s, status=S.DEAD_LETTERED, reason=ev.reason, claim=None)
+
+
+@_apply.register
+def _(ev: e.TaskCancelled, s: TaskState) -> TaskState:
+    return replace(s, status=S.CANCELLED, reason=ev.reason, claim=None)
+
+
+@_apply.register
+def _(ev: e.TaskReprioritized, s: TaskState) -> TaskState:
+    return replace(s, priority=ev.new_priority)
+
+
+@_apply.register(e.TaskTimedOut)
+@_apply.register(e.TaskHeartbeat)
+@_apply.register(e.ClaimRejected)
+@_apply.register(e.CompletionRejected)
+def _(ev: object, s: TaskState) -> TaskState:
+    # Recorded for auditors; the consequence (failure, retry) arrives as its own event.
+    return s
+
+
+def evolve(state: TaskState, event: e.Event, at_ms: int = 0) -> TaskState:
+    """Fold one event into the state. Every event, recorded refusals included, advances the version."""
+    new = _apply(event, state)
+    return replace(new, version=state.version + 1, updated_ms=max(state.updated_ms, at_ms))
+
+
+def fold(task_id: str, history: list[e.Event]) -> TaskState:
+    """Rebuild a task's state from its history (replay)."""
+    state = TaskState(task_id=task_id)
+    for ev in history:
+        state = evolve(state, ev)
+    return state
+
+
+def run(state: TaskState, command: c.Command, rand: float = 0.0) -> tuple[TaskState, list[e.Event] | Rejection]:
+    """decide then evolve: the new state and what was decided. The convenience every agent uses."""
+    decided = decide(state, command, rand)
+    if isinstance(decided, Rejection):
+        return state, decided
+    for ev in decided:
+        state = evolve(state, ev, getattr(command, "at_ms", 0))
+    return state, decided

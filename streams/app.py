@@ -16,6 +16,7 @@ from typing import Any
 
 import faust
 
+from taskstream.connectors.idle import install_idle_backoff
 from taskstream.connectors.kafka import make_codec
 from taskstream.connectors.services import ready_file
 from taskstream.schemas.codec import DecodeError
@@ -145,6 +146,7 @@ class _Msg:
 
 def run_worker(settings: Settings, index: int) -> None:
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
+    install_idle_backoff(settings.idle_backoff_ms / 1000)
     app = build_app(settings, index)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

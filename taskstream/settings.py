@@ -43,6 +43,8 @@ class Settings:
     node_id: str = ""
     lane: str = "default"
     output_tail_bytes: int = 4096
+    # How long an idle consumer waits after an empty fetch before the next one (see connectors/idle.py).
+    idle_backoff_ms: int = 10
 
     @property
     def embedded_kafka(self) -> bool:

@@ -1,0 +1,81 @@
+"""The CLI as users run it: submit files (good and bad), follow, status, the stack's own lifecycle."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from tests.conftest import ROOT, Stack, stack_env, taskstream
+
+pytestmark = pytest.mark.stack
+
+
+def test_the_example_dag_runs_to_a_summary_table(stack: Stack) -> None:
+    out = stack.cli("submit", str(ROOT / "examples" / "etl-dag.yaml"), "--follow", "--timeout", "120")
+    assert "accepted submission" in out.stdout
+    table = out.stdout[out.stdout.rindex("submission "):]
+    for name in ("prepare", "extract-orders", "extract-customers", "flaky-load", "join", "report-sales",
+                 "report-churn"):
+        line = next(ln for ln in table.splitlines() if f" {name} " in ln)
+        assert "SUCCEEDED" in line, line
+    flaky = next(ln for ln in table.splitlines() if " flaky-load " in ln)
+    assert "│ 2 " in flaky  # failed once, succeeded on the retry
+
+
+def test_a_bad_file_names_the_task_the_field_and_why(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tenant: acme\ntasks:\n  - name: a\n    argv: echo hi\n  - name: b\n    argv: [x]\n"
+                   "    dependencies: [zzz]\n    retry_limit: -2\n")
+    out = stack.cli("submit", str(bad), check=False)
+    assert out.returncode == 2
+    assert "task 'a', field 'argv': must be a list of strings (no shell string)" in out.stderr
+    assert "task 'b', field 'dependencies': names 'zzz', which is not a task of this submission" in out.stderr
+    assert "task 'b', field 'retry_limit': must be between 0 and 100, got -2" in out.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("tenant: acme\ntasks: [\n")
+    out = stack.cli("submit", str(broken), check=False)
+    assert out.returncode == 2 and "broken.yaml:3:1: not valid YAML" in out.stderr
+
+
+def test_status_shows_counts_and_one_task(stack: Stack) -> None:
+    out = stack.cli("submit", str(ROOT / "examples" / "hello.yaml"), "--follow", "--timeout", "60")
+    overview = stack.cli("status").stdout
+    assert "SUCCEEDED" in overview and "worker-0" in overview
+    task_id = out.stdout.split("accepted submission ")[1].split(":")[0]
+    import psycopg
+
+    with psycopg.connect(stack.settings.dsn) as conn:
+        (tid,) = conn.execute("SELECT task_id::text FROM tasks WHERE submission_id = %s", (task_id,)).fetchone()
+    one = stack.cli("status", tid).stdout
+    assert "hello" in one and "SUCCEEDED" in one and "hello, taskstream" in one
+
+
+def test_up_names_a_taken_port(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = stack_env(tmp_path / "state")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", int(env["TASKSTREAM_KAFKA_PORT"])))
+        s.listen()
+        out = taskstream(env, "up", check=False, timeout=60)
+    assert out.returncode == 1
+    assert f"port {env['TASKSTREAM_KAFKA_PORT']} on 127.0.0.1 (Kafka broker) is taken" in out.stderr
+    assert not (tmp_path / "state" / "run" / "supervisor.json").exists()
+
+
+def test_state_survives_down_then_up(stack: Stack) -> None:
+    """Runs last in this file: restarts the session's stack."""
+    before = stack.cli("submit", str(ROOT / "examples" / "hello.yaml"), "--follow", "--timeout", "60").stdout
+    sid = before.split("accepted submission ")[1].split(":")[0]
+    stack.down()
+    stack.up()
+    after = stack.cli("status").stdout
+    assert "SUCCEEDED" in after
+    import psycopg
+
+    with psycopg.connect(stack.settings.dsn) as conn:
+        (status,) = conn.execute("SELECT status FROM tasks WHERE submission_id = %s", (sid,)).fetchone()
+    assert status == "SUCCEEDED"
+    again = stack.cli("submit", str(ROOT / "examples" / "hello.yaml"), "--follow", "--timeout", "90")
+    assert "SUCCEEDED" in again.stdout
+    assert subprocess.run(["true"]).returncode == 0

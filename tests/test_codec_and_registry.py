@@ -1,0 +1,160 @@
+"""The wire contract: Avro envelopes in the Confluent format, and the embedded registry's checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from confluent_kafka.schema_registry.schema_registry_client import Schema
+from confluent_kafka.serialization import MessageField, SerializationContext
+from hypothesis import given
+from hypothesis import strategies as st
+
+from taskstream.connectors.registry import make_server
+from taskstream.core import events as e
+from taskstream.schemas import records as r
+from taskstream.schemas.codec import Codec, DecodeError, UnknownSchemaError, from_avro, schema_text, to_avro
+from tests.strategies import specs, text
+
+
+@pytest.fixture()
+def registry(tmp_path) -> Iterator[SchemaRegistryClient]:  # type: ignore[no-untyped-def]
+    server = make_server("127.0.0.1", 0, tmp_path / "registry.json")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield SchemaRegistryClient({"url": f"http://127.0.0.1:{server.server_address[1]}"})
+    server.shutdown()
+
+
+def _records_in(schema: dict) -> dict[str, list[str]]:
+    """Every named record in a schema -> its field names."""
+    out: dict[str, list[str]] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "record":
+                out[node["name"].split(".")[-1]] = [f["name"] for f in node["fields"]]
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema)
+    return out
+
+
+def test_every_class_matches_its_avro_record_field_for_field() -> None:
+    avro = {}
+    for env in ("command", "event", "input", "queued"):
+        avro.update(_records_in(json.loads(schema_text(env))))
+    tables = {**r.EVENT_PAYLOADS, **r.INPUT_BODIES, **r.COMMAND_BODIES}
+    tables.update({r.NS + n: c for n, c in (("TaskSpec", r.TaskSpec), ("TaskEvent", r.EventRecord),
+                                           ("Command", r.CommandRecord), ("TaskInput", r.InputRecord),
+                                           ("QueuedTask", r.QueuedTask), ("FieldProblem", r.FieldProblem))})
+    for full, cls in tables.items():
+        name = full.removeprefix(r.NS)
+        assert sorted(avro[name]) == sorted(f.name for f in dataclasses.fields(cls)), name
+    # the whole lifecycle named in ARCHITECTURE.md has a schema
+    for needed in ("TaskSubmitted", "TaskAdmitted", "TaskRejected", "TaskReady", "TaskQueued", "TaskClaimed",
+                   "TaskStarted", "TaskHeartbeat", "TaskSucceeded", "TaskFailed", "TaskRetryScheduled",
+                   "TaskTimedOut", "TaskCancelled", "TaskReprioritized", "TaskDeadLettered"):
+        assert needed in avro
+
+
+PAYLOADS = st.one_of(
+    st.builds(e.TaskSubmitted, text, specs()),
+    *[st.builds(cls) for cls in e.EVENT_TYPES if cls is not e.TaskSubmitted],
+    st.builds(r.SubmissionAccepted, text, st.none() | text, text, st.dictionaries(text, text, max_size=3)),
+    st.builds(r.SubmissionRejected, text, text,
+              st.lists(st.builds(r.FieldProblem, st.none() | text, text, text), max_size=3).map(tuple)),
+)
+
+
+@given(PAYLOADS, st.integers(0, 2**40), st.none() | text)
+def test_event_records_round_trip(payload: object, version: int, task_id: str | None) -> None:
+    codec = Codec({"event": 7}, lambda sid: pytest.fail("no lookup expected"))
+    rec = r.EventRecord("id", task_id, "sub", version, 123, "node", payload)  # type: ignore[arg-type]
+    data = codec.encode(rec)
+    assert data[:5] == b"\x00\x00\x00\x00\x07"
+    assert codec.decode("event", data) == rec
+
+
+@given(specs())
+def test_commands_round_trip(spec: r.TaskSpec) -> None:
+    codec = Codec({"command": 1}, lambda sid: pytest.fail("no lookup expected"))
+    for body in (r.SubmitDag("acme", (spec,), "key", {"a": "b"}), r.CancelTaskRequest("t", "why"),
+                 r.ReprioritizeTaskRequest("t", 4)):
+        cmd = r.CommandRecord("c", 1, body, "me")  # type: ignore[arg-type]
+        assert codec.decode("command", codec.encode(cmd)) == cmd
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (None, "empty message"),
+        (b"\x00\x00", "too short"),
+        (b"\x01\x00\x00\x00\x01abc", "magic byte 1 is not 0"),
+        (b"\x00\x00\x00\x00\x01\xff\xff\xff", "does not decode with schema id 1"),
+    ],
+)
+def test_undecodable_bytes_say_why(data: bytes | None, reason: str) -> None:
+    codec = Codec({"event": 1}, lambda sid: pytest.fail("no lookup expected"))
+    with pytest.raises(DecodeError) as info:
+        codec.decode("event", data)
+    assert reason in info.value.reason
+
+
+def test_an_unknown_schema_id_is_its_own_error(registry: SchemaRegistryClient) -> None:
+    codec = Codec({}, lambda sid: registry.get_schema(sid).schema_str)
+    with pytest.raises(UnknownSchemaError) as info:
+        codec.decode("event", b"\x00\x00\x00\x03\xe7" + b"\x02")
+    assert "schema id 999 is not known to the registry" in info.value.reason
+
+
+def test_registration_is_idempotent_and_ids_are_shared(registry: SchemaRegistryClient) -> None:
+    text_ = schema_text("event")
+    a = registry.register_schema("t.events-value", Schema(text_, "AVRO"))
+    b = registry.register_schema("t.events-value", Schema(text_, "AVRO"))
+    c = registry.register_schema("copy-value", Schema(text_, "AVRO"))
+    assert a == b == c
+    assert registry.get_latest_version("t.events-value").version == 1
+    assert json.loads(registry.get_schema(a).schema_str) == json.loads(text_)
+
+
+def _evolved(extra_field: dict) -> str:
+    schema = json.loads(schema_text("event"))
+    schema["fields"].append(extra_field)
+    return json.dumps(schema)
+
+
+def test_an_incompatible_change_is_refused_and_a_compatible_one_accepted(registry: SchemaRegistryClient) -> None:
+    subject = "t.events-value"
+    registry.register_schema(subject, Schema(schema_text("event"), "AVRO"))
+    with pytest.raises(SchemaRegistryError) as info:
+        registry.register_schema(subject, Schema(_evolved({"name": "region", "type": "string"}), "AVRO"))
+    assert info.value.http_status_code == 409
+    assert "region" in info.value.error_message
+    ok = registry.register_schema(subject, Schema(_evolved({"name": "region", "type": "string", "default": ""}), "AVRO"))
+    assert registry.get_latest_version(subject).schema_id == ok
+    assert registry.get_latest_version(subject).version == 2
+
+
+def test_confluent_serializers_and_our_codec_agree(registry: SchemaRegistryClient) -> None:
+    """A program using only confluent-kafka reads what we write and writes what we read."""
+    ctx = SerializationContext("t.events", MessageField.VALUE)
+    ser = AvroSerializer(registry, schema_text("event"), lambda obj, _c: to_avro(obj))
+    spec = r.TaskSpec(name="a", tenant="t", argv=("echo", "hi"))
+    rec = r.EventRecord("x:1", "x", "s", 1, 5, "n", e.TaskSubmitted("s", spec))
+    data = ser(rec, ctx)
+    sid = registry.get_latest_version("t.events-value").schema_id
+    ours = Codec({"event": sid}, lambda i: registry.get_schema(i).schema_str)
+    assert ours.decode("event", data) == rec
+    de = AvroDeserializer(registry, return_record_name=True)
+    theirs = de(ours.encode(rec), ctx)
+    assert from_avro("event", {**theirs, "payload": tuple(theirs["payload"])}) == rec

@@ -1,0 +1,197 @@
+"""End to end on the embedded stack: a DAG produced to the commands topic the way an outside program
+would, run to completion in dependency order, checked in the event log, PostgreSQL and the graph."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from taskstream.projections.graph_service import GraphClient
+from tests.conftest import Stack, wait_until
+
+pytestmark = pytest.mark.stack
+
+
+def task(name: str, code: str, deps: list[str] = (), **extra: Any) -> dict[str, Any]:  # type: ignore[assignment]
+    """A TaskSpec as a plain dict, the way any Avro producer builds it."""
+    return {
+        "name": name, "tenant": "acme", "argv": ["python3", "-c", code], "env": {}, "working_dir": None,
+        "resources": {"cpu": 0.5, "memory_mb": 64, "gpu": 0}, "execution_cap_ms": 60_000, "retry_limit": 0,
+        "backoff": {"initial_ms": 200, "factor": 2.0, "max_ms": 1000, "jitter": 0.0}, "delay_tolerance_ms": 0,
+        "priority": 0, "dependencies": list(deps), "not_before_ms": None, "labels": {}, **extra,
+    }
+
+
+def produce_command(stack: Stack, body_type: str, body: dict[str, Any]) -> str:
+    """Produce one Avro command with confluent-kafka and the registry's latest schema, nothing of ours."""
+    s = stack.settings
+    topic = s.topic("commands")
+    registry = SchemaRegistryClient({"url": s.registry})
+    latest = registry.get_latest_version(f"{topic}-value")
+    ser = AvroSerializer(registry, latest.schema.schema_str, conf={"auto.register.schemas": False,
+                                                                    "use.latest.version": True})
+    command_id = str(uuid.uuid4())
+    value = ser({"command_id": command_id, "issued_ms": int(time.time() * 1000), "issuer": "outside-program",
+                 "body": (f"io.taskstream.{body_type}", body)}, SerializationContext(topic, MessageField.VALUE))
+    p = Producer({"bootstrap.servers": s.bootstrap})
+    p.produce(topic, key=command_id.encode(), value=value)
+    assert p.flush(30) == 0
+    return command_id
+
+
+def submission_of(stack: Stack, command_id: str, timeout: float = 90) -> tuple[str, str, dict[str, Any]]:
+    def find() -> Any:
+        with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
+            return conn.execute("SELECT submission_id::text, outcome, task_ids, errors FROM submissions "
+                                "WHERE command_id = %s", (command_id,)).fetchone()
+    sid, outcome, ids, errors = wait_until(find, timeout, f"the admission decision on {command_id}")
+    return sid, outcome, {"task_ids": ids, "errors": errors}
+
+
+def rows(stack: Stack, sid: str) -> dict[str, dict[str, Any]]:
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        cur.execute("SELECT * FROM tasks WHERE submission_id = %s", (sid,))
+        return {r["name"]: r for r in cur.fetchall()}
+
+
+def attempts(stack: Stack, task_id: Any) -> list[dict[str, Any]]:
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        cur.execute("SELECT * FROM attempts WHERE task_id = %s ORDER BY attempt", (task_id,))
+        return cur.fetchall()
+
+
+def all_terminal(stack: Stack, sid: str, n: int) -> dict[str, dict[str, Any]] | None:
+    got = rows(stack, sid)
+    terminal = {"SUCCEEDED", "DEAD_LETTERED", "CANCELLED", "REJECTED"}
+    return got if len(got) == n and all(r["status"] in terminal for r in got.values()) else None
+
+
+DIAMOND = {
+    "root": [],
+    "left": ["root"],
+    "middle": ["root"],
+    "right": ["root"],
+    "join": ["left", "middle", "right"],
+    "leaf-a": ["join"],
+    "leaf-b": ["join"],
+}
+
+
+def test_an_outside_program_submits_a_dag_that_runs_in_dependency_order(stack: Stack) -> None:
+    tasks = [task(name, f"print('{name} done')", deps) for name, deps in DIAMOND.items()]
+    tasks[2] = task("middle", "import os,sys; a=int(os.environ['TASKSTREAM_ATTEMPT']); print('try', a); "
+                              "sys.exit(0 if a > 1 else 5)", ["root"], retry_limit=1)
+    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {},
+                                                "tasks": tasks})
+    sid, outcome, _ = submission_of(stack, cid)
+    assert outcome == "ACCEPTED"
+    done = wait_until(lambda: all_terminal(stack, sid, len(DIAMOND)), 120, "every task to end")
+    assert {n: r["status"] for n, r in done.items()} == dict.fromkeys(DIAMOND, "SUCCEEDED")
+
+    # PostgreSQL rows carry the submission and the runs
+    by_id = {str(r["task_id"]): n for n, r in done.items()}
+    for name, r in done.items():
+        assert r["tenant"] == "acme" and r["argv"][:2] == ["python3", "-c"]
+        assert sorted(by_id[str(d)] for d in r["dependencies"]) == sorted(DIAMOND[name])
+    middle = attempts(stack, done["middle"]["task_id"])
+    assert [(a["attempt"], a["outcome"], a["exit_code"]) for a in middle] == [(1, "FAILED", 5), (2, "SUCCEEDED", 0)]
+    assert "try 2" in middle[1]["output_tail"]
+
+    # order: no task started before every prerequisite had finished
+    runs = {n: attempts(stack, r["task_id"])[-1] for n, r in done.items()}
+    for name, deps in DIAMOND.items():
+        for d in deps:
+            assert runs[name]["started_at"] >= runs[d]["ended_at"], f"{name} started before {d} ended"
+
+    # the same order holds in the event log itself (audit reads the log, not a projection)
+    starts, ends = {}, {}
+    for name, r in done.items():
+        out = stack.cli("audit", str(r["task_id"]), "--json")
+        history = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+        kinds = [h["event"] for h in history]
+        assert kinds[:2] == ["TaskSubmitted", "TaskAdmitted"] and kinds[-1] == "TaskSucceeded"
+        assert [h["version"] for h in history] == list(range(1, len(history) + 1))
+        starts[name] = max(h["event_time"] for h in history if h["event"] == "TaskStarted")
+        ends[name] = max(h["event_time"] for h in history if h["event"] == "TaskSucceeded")
+    for name, deps in DIAMOND.items():
+        for d in deps:
+            assert starts[name] >= ends[d]
+
+    # the graph holds the same DAG: one node per task, one DEPENDS_ON edge per dependency
+    graph = GraphClient(stack.settings.graph_url)
+    expected_edges = sorted((str(done[n]["task_id"]), str(done[d]["task_id"])) for n, deps in DIAMOND.items() for d in deps)
+    wait_until(lambda: sorted(graph.edges(sid)) == expected_edges, 60, "the graph's edges")
+    wait_until(lambda: {st for _, _, st in graph.nodes(sid)} == {"SUCCEEDED"} and len(graph.nodes(sid)) == 7,
+               60, "the graph's nodes to be succeeded")
+    root = str(done["root"]["task_id"])
+    assert sorted(graph.blocks(root)) == sorted(str(r["task_id"]) for n, r in done.items() if n != "root")
+    assert sorted(graph.needs(str(done["leaf-a"]["task_id"]))) == sorted(
+        str(done[n]["task_id"]) for n in ("root", "left", "middle", "right", "join"))
+
+
+def test_a_failed_task_dead_letters_and_its_dependents_end_cancelled(stack: Stack) -> None:
+    tasks = [task("breaks", "import sys; print('no'); sys.exit(7)"),
+             task("after", "print('never')", ["breaks"]),
+             task("after-after", "print('never')", ["after"])]
+    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": tasks})
+    sid, outcome, _ = submission_of(stack, cid)
+    assert outcome == "ACCEPTED"
+    done = wait_until(lambda: all_terminal(stack, sid, 3), 90, "every task to end")
+    assert done["breaks"]["status"] == "DEAD_LETTERED" and done["breaks"]["exit_code"] == 7
+    assert done["after"]["status"] == "CANCELLED"
+    assert done["after"]["reason"] == f"prerequisite {done['breaks']['task_id']} ended dead_lettered"
+    assert done["after-after"]["status"] == "CANCELLED"
+    assert attempts(stack, done["after"]["task_id"]) == []  # never ran
+
+
+def test_nonsense_values_become_a_rejection_that_names_the_field(stack: Stack) -> None:
+    tasks = [task("a", "pass", ["c"]), task("b", "pass", ["a"]), task("c", "pass", ["b"]),
+             task("d", "pass", resources={"cpu": -1.0, "memory_mb": 64, "gpu": 0})]
+    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": tasks})
+    sid, outcome, extra = submission_of(stack, cid)
+    assert outcome == "REJECTED"
+    problems = {(p["task"], p["field"]) for p in extra["errors"]}
+    assert ("d", "resources.cpu") in problems
+    assert rows(stack, sid) == {}  # nothing of a rejected submission is admitted
+
+
+def test_undecodable_commands_go_to_the_dead_letter_topic_and_nothing_stalls(stack: Stack) -> None:
+    s = stack.settings
+    p = Producer({"bootstrap.servers": s.bootstrap})
+    marker = uuid.uuid4().hex.encode()
+    p.produce(s.topic("commands"), key=marker, value=b"not avro at all")
+    p.produce(s.topic("commands"), key=marker, value=b"\x00\x00\x00\x7f\xffgarbage")  # unknown schema id
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": f"t-{marker.decode()}", "auto.offset.reset": "earliest"})
+    c.subscribe([s.topic("dead-letters")])
+    found: list[Any] = []
+
+    def mine() -> bool:
+        for m in c.consume(100, 0.5):
+            if not m.error() and m.key() == marker:
+                found.append(m)
+        return len(found) >= 2
+
+    try:
+        wait_until(mine, 60, "two dead letters")
+    finally:
+        c.close()
+    reasons = sorted(dict(m.headers())["taskstream.error"].decode() for m in found)
+    assert any("magic byte" in r for r in reasons)
+    assert any("schema id 2147483647" in r or "not known to the registry" in r for r in reasons)
+    assert sorted(m.value() for m in found) == sorted([b"not avro at all", b"\x00\x00\x00\x7f\xffgarbage"])
+    # and a normal submission still goes through
+    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {},
+                                               "tasks": [task("fine", "print(1)")]})
+    sid, outcome, _ = submission_of(stack, cid)
+    assert outcome == "ACCEPTED"
+    wait_until(lambda: all_terminal(stack, sid, 1), 60, "the task to end")

@@ -1,0 +1,169 @@
+"""The task lifecycle: given a history, when a command arrives, then these events (or this rejection)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taskstream.core import commands as c
+from taskstream.core import events as e
+from taskstream.core.backoff import compute_backoff
+from taskstream.core.machine import TRANSITIONS, Rejection, decide, evolve, fold, run
+from taskstream.core.model import TERMINAL, Backoff, Status, TaskSpec, TaskState
+
+SPEC = TaskSpec(name="build", tenant="acme", argv=("make",), retry_limit=1,
+                backoff=Backoff(initial_ms=1000, factor=2.0, max_ms=10_000))
+T = "task-1"
+
+SUBMITTED = [e.TaskSubmitted("sub-1", SPEC)]
+WAITING = SUBMITTED + [e.TaskAdmitted("node-a")]
+READY = WAITING + [e.TaskReady("no prerequisites")]
+QUEUED = READY + [e.TaskQueued(1, "default")]
+CLAIMED = QUEUED + [e.TaskClaimed(1, "w1", "claim-1")]
+RUNNING = CLAIMED + [e.TaskStarted("claim-1", "w1", 4242)]
+
+
+def given_(history: list[e.Event]) -> TaskState:
+    return fold(T, history)
+
+
+@pytest.mark.parametrize(
+    ("history", "command", "expected"),
+    [
+        ([], c.SubmitTask("sub-1", SPEC, 0), [e.TaskSubmitted("sub-1", SPEC)]),
+        (SUBMITTED, c.AdmitTask("node-a", 1), [e.TaskAdmitted("node-a")]),
+        (SUBMITTED, c.RejectTask("closes a cycle", 1), [e.TaskRejected("closes a cycle")]),
+        (WAITING, c.MarkReady("every prerequisite succeeded", 2), [e.TaskReady("every prerequisite succeeded")]),
+        (READY, c.QueueTask("default", 3), [e.TaskQueued(1, "default")]),
+        (QUEUED, c.ClaimTask(1, "w1", "claim-1", 4), [e.TaskClaimed(1, "w1", "claim-1")]),
+        (QUEUED, c.ClaimTask(2, "w1", "claim-9", 4),
+         [e.ClaimRejected(2, "w1", "claim-9", "attempt 2 is not current (1)")]),
+        (CLAIMED, c.StartTask("claim-1", 4242, 5), [e.TaskStarted("claim-1", "w1", 4242)]),
+        (RUNNING, c.FinishTask("claim-1", 0, "ok\n", 120, "", 6), [e.TaskSucceeded("claim-1", 0, "ok\n", 120)]),
+        (RUNNING, c.FinishTask("claim-1", 2, "boom", 50, "", 6_000),
+         [e.TaskFailed("claim-1", 2, "boom", 50, "exit status 2"), e.TaskRetryScheduled(2, 7_000, 1_000)]),
+        (RUNNING, c.FinishTask("claim-0", 0, "", 1, "", 6), [e.CompletionRejected("claim-0", "claim claim-0 is fenced by claim-1")]),
+        (READY, c.CancelTask("not needed", 7), [e.TaskCancelled("not needed")]),
+        (WAITING, c.ReprioritizeTask(9, 7), [e.TaskReprioritized(0, 9)]),
+    ],
+)
+def test_decide(history: list[e.Event], command: c.Command, expected: list[e.Event]) -> None:
+    assert decide(given_(history), command) == expected
+
+
+def test_second_failure_past_the_retry_limit_dead_letters() -> None:
+    history = RUNNING + [e.TaskFailed("claim-1", 1, "", 1, "exit status 1"), e.TaskRetryScheduled(2, 10, 1000),
+                         e.TaskReady("retry 2 due"), e.TaskQueued(2, "default"), e.TaskClaimed(2, "w1", "claim-2"),
+                         e.TaskStarted("claim-2", "w1", 1)]
+    state = given_(history)
+    assert state.attempt == 2
+    out = decide(state, c.FinishTask("claim-2", 1, "", 1, "", 20))
+    assert isinstance(out, list) and isinstance(out[-1], e.TaskDeadLettered)
+    assert out[-1].attempts == 2
+    assert "retry limit reached" in out[-1].reason
+
+
+@pytest.mark.parametrize(
+    ("history", "command", "message"),
+    [
+        (RUNNING + [e.TaskSucceeded("claim-1", 0, "", 1)], c.CancelTask("", 9),
+         "cannot cancel task task-1: it is succeeded"),
+        (QUEUED, c.ReprioritizeTask(3, 9), "cannot reprioritize task task-1: it is queued"),
+        (READY, c.ClaimTask(1, "w", "x", 9), "cannot claim task task-1: it is ready"),
+        ([], c.AdmitTask("n", 9), "cannot admit task task-1: it is new"),
+    ],
+)
+def test_rejections_are_worded_by_one_template(history: list[e.Event], command: c.Command, message: str) -> None:
+    out = decide(given_(history), command)
+    assert isinstance(out, Rejection)
+    assert out.message == message
+
+
+def test_not_before_holds_a_task_back_until_its_time() -> None:
+    state = given_([e.TaskSubmitted("s", replace(SPEC, not_before_ms=5_000)), e.TaskAdmitted("n")])
+    early = decide(state, c.MarkReady("no prerequisites", 4_999))
+    assert isinstance(early, Rejection) and "not before 5000" in early.message
+    assert decide(state, c.MarkReady("no prerequisites", 5_000)) == [e.TaskReady("no prerequisites")]
+
+
+def test_retry_is_not_taken_before_it_is_due() -> None:
+    state = given_(RUNNING + [e.TaskFailed("claim-1", 1, "", 1, "x"), e.TaskRetryScheduled(2, 9_000, 1_000)])
+    assert isinstance(decide(state, c.RetryTask(8_999)), Rejection)
+    assert decide(state, c.RetryTask(9_000)) == [e.TaskReady("retry 2 due")]
+
+
+def test_every_command_has_a_transition_row() -> None:
+    assert set(TRANSITIONS) == set(c.Command.__args__)  # type: ignore[attr-defined]
+
+
+def test_backoff_grows_by_factor_and_is_capped() -> None:
+    policy = Backoff(initial_ms=100, factor=3.0, max_ms=1_000, jitter=0.5)
+    assert [compute_backoff(n, policy) for n in (1, 2, 3, 4)] == [100, 300, 900, 1000]
+    assert compute_backoff(2, policy, rand=0.999) == 449
+    with pytest.raises(ValueError):
+        compute_backoff(0, policy)
+
+
+# ---- properties -------------------------------------------------------------------------------------
+
+ALL_COMMANDS = st.one_of(
+    st.builds(c.SubmitTask, st.just("s"), st.just(SPEC), st.integers(0, 100)),
+    st.builds(c.AdmitTask, st.just("n"), st.integers(0, 100)),
+    st.builds(c.RejectTask, st.just("why"), st.integers(0, 100)),
+    st.builds(c.MarkReady, st.just("ready"), st.integers(0, 100)),
+    st.builds(c.QueueTask, st.just("default"), st.integers(0, 100)),
+    st.builds(c.ClaimTask, st.integers(0, 3), st.sampled_from(["w1", "w2"]),
+              st.sampled_from(["c1", "c2"]), st.integers(0, 100)),
+    st.builds(c.StartTask, st.sampled_from(["c1", "c2"]), st.integers(1, 9), st.integers(0, 100)),
+    st.builds(c.FinishTask, st.sampled_from(["c1", "c2"]), st.sampled_from([0, 1, None]), st.just(""),
+              st.integers(0, 9), st.just(""), st.integers(0, 100)),
+    st.builds(c.RetryTask, st.integers(0, 100_000)),
+    st.builds(c.CancelTask, st.just("stop"), st.integers(0, 100)),
+    st.builds(c.ReprioritizeTask, st.integers(-5, 5), st.integers(0, 100)),
+)
+
+
+def _drive(commands: list[c.Command]) -> tuple[TaskState, list[e.Event], list[TaskState]]:
+    state = TaskState(task_id=T)
+    history: list[e.Event] = []
+    seen = [state]
+    for cmd in commands:
+        state, out = run(state, cmd, rand=0.5)
+        if not isinstance(out, Rejection):
+            history.extend(out)
+        seen.append(state)
+    return state, history, seen
+
+
+@settings(max_examples=400)
+@given(st.lists(ALL_COMMANDS, max_size=40))
+def test_replaying_the_history_equals_the_state_built_live(commands: list[c.Command]) -> None:
+    live, history, _ = _drive(commands)
+    replayed = fold(T, history)
+    assert replace(replayed, updated_ms=0) == replace(live, updated_ms=0)
+    assert live.version == len(history)
+
+
+@settings(max_examples=400)
+@given(st.lists(ALL_COMMANDS, max_size=40))
+def test_terminal_states_are_final(commands: list[c.Command]) -> None:
+    _, _, states = _drive(commands)
+    for i, s in enumerate(states):
+        if s.status in TERMINAL:
+            assert all(later.status == s.status for later in states[i:]), f"left {s.status} at step {i}"
+
+
+@settings(max_examples=300)
+@given(st.lists(ALL_COMMANDS, max_size=40))
+def test_a_task_never_starts_without_a_claim_and_attempts_never_exceed_the_limit(commands: list[c.Command]) -> None:
+    _, history, _ = _drive(commands)
+    state = TaskState(task_id=T)
+    for ev in history:
+        if isinstance(ev, e.TaskStarted):
+            assert state.status is Status.CLAIMED and state.claim is not None
+            assert ev.claim_id == state.claim.claim_id
+        state = evolve(state, ev)
+    assert state.attempt <= SPEC.retry_limit + 1

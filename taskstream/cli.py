@@ -323,6 +323,21 @@ def audit(
     console.print(t)
 
 
+@app.command()
+def bootstrap() -> None:
+    """Create topics, register schemas and migrate PostgreSQL on external servers (idempotent).
+
+    `taskstream up` does this itself; use it for docker-compose or your own Kafka/PostgreSQL."""
+    from taskstream.connectors.bootstrap import bootstrap as run_bootstrap
+
+    s = settings()
+    try:
+        run_bootstrap(s)
+    except Exception as exc:
+        fail(f"bootstrap failed: {exc}")
+    console.print(f"topics, schemas and tables ready on {s.bootstrap}, {s.registry}")
+
+
 # ---- services ------------------------------------------------------------------------------------------
 
 

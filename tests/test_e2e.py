@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from taskstream.core.submission import submission_id_for
 from taskstream.projections.graph_service import GraphClient
 from tests.conftest import Stack, wait_until
 
@@ -195,3 +196,16 @@ def test_undecodable_commands_go_to_the_dead_letter_topic_and_nothing_stalls(sta
     sid, outcome, _ = submission_of(stack, cid)
     assert outcome == "ACCEPTED"
     wait_until(lambda: all_terminal(stack, sid, 1), 60, "the task to end")
+
+
+def test_resubmitting_with_the_same_idempotency_key_admits_nothing_new(stack: Stack) -> None:
+    key = f"nightly-{uuid.uuid4().hex[:8]}"
+    body = {"tenant": "acme", "idempotency_key": key, "labels": {}, "tasks": [task("once", "print('ran')")]}
+    sid1, outcome1, extra1 = submission_of(stack, produce_command(stack, "SubmitDag", body))
+    assert sid1 == submission_id_for("acme", key, "any command")
+    wait_until(lambda: all_terminal(stack, sid1, 1), 60, "the task to end")
+    produce_command(stack, "SubmitDag", body)  # the same submission again, as a new command
+    time.sleep(2)  # give a wrongly admitted copy time to show up
+    got = rows(stack, sid1)
+    assert list(got) == ["once"] and got["once"]["status"] == "SUCCEEDED"
+    assert len(attempts(stack, got["once"]["task_id"])) == 1  # it ran once

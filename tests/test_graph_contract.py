@@ -1,0 +1,117 @@
+"""One contract for the graph store, run on every backend present: Ladybug always; Neo4j when
+NEO4J_URI is set (reported as skipped otherwise). Random DAGs are checked against plain Python."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from taskstream.core import events as e
+from taskstream.core.model import TaskSpec
+from taskstream.projections.graph import GraphProjection, GraphQueries, LadybugStore, Neo4jStore
+from taskstream.projections.runner import Batch, Item
+from taskstream.schemas.records import EventRecord
+
+
+def _ladybug(tmp_path_factory: pytest.TempPathFactory) -> LadybugStore:
+    return LadybugStore(tmp_path_factory.mktemp("graph") / "g.lbug")
+
+
+def _neo4j(_: pytest.TempPathFactory) -> Neo4jStore:
+    uri = os.environ.get("NEO4J_URI")
+    if not uri:
+        pytest.skip("NEO4J_URI is not set: no Neo4j server to run the contract against")
+    return Neo4jStore(uri, os.environ.get("NEO4J_USER", "neo4j"), os.environ.get("NEO4J_PASSWORD", ""))
+
+
+@pytest.fixture(scope="module", params=[_ladybug, _neo4j], ids=["ladybug", "neo4j"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    s = request.param(tmp_path_factory)
+    yield s
+    s.close()
+
+
+def project(store: object, dag: dict[str, list[str]], statuses: dict[str, str] | None = None,
+            offset: int = 0) -> tuple[str, dict[str, str], GraphProjection]:
+    """Project a DAG (name -> prerequisite names) as events; returns the submission id and name -> id."""
+    sid = str(uuid.uuid4())
+    ids = {n: f"{sid}/{n}" for n in dag}
+    items = []
+    for i, (name, deps) in enumerate(dag.items()):
+        spec = TaskSpec(name=name, tenant="t", argv=("x",), dependencies=tuple(ids[d] for d in deps))
+        items.append(Item(0, offset + i, 0, EventRecord(f"{ids[name]}:1", ids[name], sid, 1, 0, "n",
+                                                        e.TaskSubmitted(sid, spec))))
+    for j, (name, status) in enumerate((statuses or {}).items()):
+        payload = e.TaskSucceeded("c", 0, "", 1) if status == "SUCCEEDED" else e.TaskReady("r")
+        items.append(Item(0, offset + len(dag) + j, 0, EventRecord(f"{ids[name]}:2", ids[name], sid, 2, 0, "n", payload)))
+    proj = GraphProjection(store)  # type: ignore[arg-type]
+    batch = Batch("events", items, {0: offset + len(items)})
+    proj.apply(batch)
+    return sid, ids, proj
+
+
+def closure(dag: dict[str, list[str]], start: str, reverse: bool = False) -> set[str]:
+    edges = {n: set(d) for n, d in dag.items()}
+    if reverse:
+        edges = {n: {m for m, d in dag.items() if n in d} for n in dag}
+    seen: set[str] = set()
+    todo = list(edges[start])
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(edges[n])
+    return seen
+
+
+@st.composite
+def random_dags(draw: st.DrawFn) -> dict[str, list[str]]:
+    n = draw(st.integers(2, 25))
+    return {f"n{i}": sorted(draw(st.sets(st.sampled_from([f"n{j}" for j in range(i)]), max_size=3))) if i else []
+            for i in range(n)}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(random_dags(), st.data())
+def test_closures_and_edges_match_python(store: object, dag: dict[str, list[str]], data: st.DataObject) -> None:
+    sid, ids, _ = project(store, dag)
+    q = GraphQueries(store)  # type: ignore[arg-type]
+    name_of = {v: k for k, v in ids.items()}
+    assert sorted((name_of[a], name_of[b]) for a, b in q.edges(sid)) == sorted((n, d) for n, ds in dag.items() for d in ds)
+    x = data.draw(st.sampled_from(sorted(dag)))
+    assert {name_of[t] for t in q.needs(ids[x])} == closure(dag, x)
+    assert {name_of[t] for t in q.blocks(ids[x])} == closure(dag, x, reverse=True)
+
+
+def test_deep_chains_beyond_thirty_hops(store: object) -> None:
+    depth = 120
+    dag = {f"c{i}": ([f"c{i - 1}"] if i else []) for i in range(depth)}
+    _, ids, _ = project(store, dag)
+    q = GraphQueries(store)  # type: ignore[arg-type]
+    assert len(q.needs(ids[f"c{depth - 1}"])) == depth - 1
+    assert len(q.blocks(ids["c0"])) == depth - 1
+
+
+def test_newly_unblocked_waits_for_every_prerequisite(store: object) -> None:
+    dag = {"a": [], "b": [], "join": ["a", "b"], "solo": ["a"]}
+    _, ids, _ = project(store, dag, statuses={"a": "SUCCEEDED"})
+    q = GraphQueries(store)  # type: ignore[arg-type]
+    assert q.newly_unblocked(ids["a"]) == [ids["solo"]]
+
+
+def test_applying_a_batch_twice_changes_nothing_and_checkpoints_advance(store: object) -> None:
+    dag = {"p": [], "q": ["p"]}
+    sid, ids, proj = project(store, dag, offset=10_000)
+    q = GraphQueries(store)  # type: ignore[arg-type]
+    before = (sorted(q.edges(sid)), sorted(q.nodes(sid)))
+    # the same events again (a redelivery), with a stale status event after a newer one
+    items = [Item(0, 1, 0, EventRecord(f"{ids['q']}:1", ids["q"], sid, 1, 0, "n",
+                                      e.TaskSubmitted(sid, TaskSpec("q", "t", ("x",), dependencies=(ids["p"],)))))]
+    proj.apply(Batch("events", items, {0: 10_002}))
+    assert (sorted(q.edges(sid)), sorted(q.nodes(sid))) == before
+    assert proj.checkpoints("events")[0] == 10_002

@@ -1,0 +1,82 @@
+"""The PostgreSQL projection on a real server (the stack's), in a database of its own per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from taskstream.core import events as e
+from taskstream.core.model import TaskSpec
+from taskstream.projections.migrate import migrate
+from taskstream.projections.pg import PgProjection
+from taskstream.projections.runner import Batch, Item
+from taskstream.schemas.records import EventRecord
+from tests.conftest import Stack
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture()
+def dsn(stack: Stack) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = stack.settings.dsn.replace("dbname=taskstream", "dbname=postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = stack.settings.dsn.replace("dbname=taskstream", f"dbname={name}")
+    assert migrate(dsn) == ["0001_initial.sql"]
+    assert migrate(dsn) == []  # idempotent
+    yield dsn
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def history() -> list[EventRecord]:
+    sid = str(uuid.uuid4())
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    spec_a = TaskSpec("a", "acme", ("echo", "a"))
+    spec_b = TaskSpec("b", "acme", ("echo", "b"), dependencies=(a,), retry_limit=1)
+    evs: list[tuple[str, list[e.Event]]] = [
+        (a, [e.TaskSubmitted(sid, spec_a), e.TaskAdmitted("n"), e.TaskReady("r"), e.TaskQueued(1, "default"),
+             e.TaskClaimed(1, "w", "c1"), e.TaskStarted("c1", "w", 10), e.TaskSucceeded("c1", 0, "a out", 5)]),
+        (b, [e.TaskSubmitted(sid, spec_b), e.TaskAdmitted("n"), e.TaskReady("r"), e.TaskQueued(1, "default"),
+             e.TaskClaimed(1, "w", "c2"), e.TaskStarted("c2", "w", 11), e.TaskFailed("c2", 3, "b out", 4, "exit status 3"),
+             e.TaskRetryScheduled(2, 50, 10), e.TaskReady("retry"), e.TaskQueued(2, "default"),
+             e.TaskClaimed(2, "w", "c3"), e.TaskStarted("c3", "w", 12), e.TaskSucceeded("c3", 0, "b ok", 3)]),
+    ]
+    out = []
+    for tid, payloads in evs:
+        out.extend(EventRecord(f"{tid}:{v}", tid, sid, v, 1000 + v, "n", p) for v, p in enumerate(payloads, 1))
+    return out
+
+
+def snapshot(dsn: str) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    with psycopg.connect(dsn) as conn:
+        tasks = conn.execute("SELECT name, status, version, attempt, exit_code, reason FROM tasks ORDER BY name").fetchall()
+        attempts = conn.execute("SELECT t.name, a.attempt, a.outcome, a.exit_code, a.output_tail FROM attempts a "
+                                "JOIN tasks t USING (task_id) ORDER BY 1, 2").fetchall()
+    return tasks, attempts
+
+
+def test_rows_reflect_the_history(dsn: str) -> None:
+    proj = PgProjection(dsn)
+    evs = history()
+    proj.apply(Batch("events", [Item(0, i, 0, r) for i, r in enumerate(evs)], {0: len(evs)}))
+    tasks, attempts = snapshot(dsn)
+    assert tasks == [("a", "SUCCEEDED", 7, 1, 0, ""), ("b", "SUCCEEDED", 13, 2, 0, "")]
+    assert attempts == [("a", 1, "SUCCEEDED", 0, "a out"), ("b", 1, "FAILED", 3, "b out"), ("b", 2, "SUCCEEDED", 0, "b ok")]
+    assert proj.checkpoints("events") == {0: len(evs)}
+
+
+def test_every_event_twice_or_replayed_from_earlier_leaves_the_rows_unchanged(dsn: str) -> None:
+    evs = history()
+    once = PgProjection(dsn)
+    once.apply(Batch("events", [Item(0, i, 0, r) for i, r in enumerate(evs)], {0: len(evs)}))
+    expected = snapshot(dsn)
+    twice = [Item(0, i, 0, r) for i, r in enumerate(x for rec in evs for x in (rec, rec))]
+    once.apply(Batch("events", twice, {0: len(evs)}))
+    assert snapshot(dsn) == expected
+    once.apply(Batch("events", [Item(0, i, 0, r) for i, r in enumerate(evs[5:])], {0: len(evs)}))  # from an earlier offset
+    assert snapshot(dsn) == expected

@@ -1,0 +1,49 @@
+"""The README's two commands are what users and CI run: keep them honest."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, stack_env
+
+README = (ROOT / "README.md").read_text()
+
+
+def command_after(marker: str) -> str:
+    m = re.search(rf"<!-- {marker} -->\s*```sh\n(.+?)\n```", README, re.S)
+    assert m, f"README has no {marker} block"
+    return m.group(1).strip()
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "test-command" in script
+    extracted = subprocess.run(
+        ["awk", "/<!-- test-command -->/{f=1; next} f && /^```/ {if (started) exit; started=1; next} f && started {print}",
+         str(ROOT / "README.md")], capture_output=True, text=True, check=True).stdout.strip()
+    assert extracted == command_after("test-command")
+    assert extracted.endswith(".venv/bin/pytest")
+
+
+@pytest.mark.stack
+def test_the_main_command_runs_the_example_to_the_end(tmp_path: Path) -> None:
+    """Runs the README's main command, minus the venv set-up this test process already has."""
+    steps = [s.strip() for s in command_after("main-command").split("&&")]
+    assert steps[0].startswith("python3 -m venv") and "pip install" in steps[1]
+    env = stack_env(tmp_path / "state")
+    try:
+        for step in steps[2:]:
+            argv = shlex.split(step)
+            assert argv[0] == ".venv/bin/taskstream"
+            done = subprocess.run([sys.executable, "-m", "taskstream", *argv[1:]], cwd=ROOT, env={**env, "COLUMNS": "200"},
+                                  capture_output=True, text=True, timeout=400)
+            assert done.returncode == 0, f"{step}:\n{done.stdout}\n{done.stderr}"
+        assert "succeeded:7" in done.stdout.replace(" ", "") or done.stdout.count("SUCCEEDED") >= 7
+    finally:
+        subprocess.run([sys.executable, "-m", "taskstream", "down"], cwd=ROOT, env=env, capture_output=True, timeout=120)

@@ -8,9 +8,10 @@ from typing import Any
 
 from aiokafka.partitioner import murmur2
 from confluent_kafka import TopicPartition
-
 from taskstream.connectors.kafka import consumer, make_codec
 from taskstream.schemas.codec import DecodeError
+from taskstream.schemas.records import EventRecord
+
 from taskstream.settings import Settings
 
 
@@ -34,6 +35,23 @@ def _details(payload: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in fields.items())
 
 
+def describe(rec: EventRecord, msg: Any) -> dict[str, Any]:
+    """One event as a flat row for people and scripts: what, when (event and log time), by whom, why."""
+    return {
+        "version": rec.version,
+        "event": rec.kind,
+        "task_id": rec.task_id,
+        "submission_id": rec.submission_id,
+        "event_time": _when(rec.event_ms),
+        "log_time": _when(msg.timestamp()[1]),
+        "node": rec.node,
+        "details": _details(rec.payload),
+        "partition": msg.partition(),
+        "offset": msg.offset(),
+        "event_id": rec.event_id,
+    }
+
+
 def task_history(settings: Settings, task_id: str) -> list[dict[str, Any]]:
     codec = make_codec(settings, retries=5)
     topic = settings.topic("events")
@@ -55,17 +73,33 @@ def task_history(settings: Settings, task_id: str) -> list[dict[str, Any]]:
                 try:
                     rec = codec.decode("event", m.value())
                 except DecodeError as exc:
-                    out.append({"version": "?", "event": "UNDECODABLE", "event_time": "", "log_time":
-                                _when(m.timestamp()[1]), "node": "", "details": exc.reason, "offset": m.offset()})
+                    out.append(
+                        {
+                            "version": "?",
+                            "event": "UNDECODABLE",
+                            "event_time": "",
+                            "log_time": _when(m.timestamp()[1]),
+                            "node": "",
+                            "details": exc.reason,
+                            "offset": m.offset(),
+                        }
+                    )
                     continue
                 dup = rec.event_id in seen
                 seen.add(rec.event_id)
-                out.append({
-                    "version": rec.version, "event": rec.kind + (" (duplicate delivery)" if dup else ""),
-                    "event_time": _when(rec.event_ms), "log_time": _when(m.timestamp()[1]), "node": rec.node,
-                    "details": _details(rec.payload), "offset": m.offset(), "partition": part,
-                    "event_id": rec.event_id,
-                })
+                out.append(
+                    {
+                        "version": rec.version,
+                        "event": rec.kind + (" (duplicate delivery)" if dup else ""),
+                        "event_time": _when(rec.event_ms),
+                        "log_time": _when(m.timestamp()[1]),
+                        "node": rec.node,
+                        "details": _details(rec.payload),
+                        "offset": m.offset(),
+                        "partition": part,
+                        "event_id": rec.event_id,
+                    }
+                )
         return out
     finally:
         c.close()

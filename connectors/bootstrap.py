@@ -6,6 +6,7 @@ import logging
 
 from taskstream.connectors.kafka import ensure_topics, register_schemas
 from taskstream.projections.migrate import migrate
+
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,10 @@ def install_idle_backoff(seconds: float) -> None:
     async def proc_fetch_request(self: Any, assignment: Any, node_id: Any, request: Any) -> bool:
         got = await original(self, assignment, node_id, request)
         if not got:
-            await asyncio.sleep(getattr(proc_fetch_request, _MARK))
+            try:
+                await asyncio.sleep(getattr(proc_fetch_request, _MARK))
+            except asyncio.CancelledError:
+                return False  # closing or reassigned: the original swallows cancellation the same way
         return bool(got)
 
     setattr(proc_fetch_request, _MARK, seconds)

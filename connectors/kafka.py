@@ -11,8 +11,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.error import KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.schema_registry_client import Schema
-
 from taskstream.schemas.codec import ENVELOPES, Codec, schema_text
+
 from taskstream.settings import Settings
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a submission of MAX_TASKS tasks fits; see docs/submissions.md

@@ -103,8 +103,12 @@ class RegistryState:
                     return int(v["id"])
             problems = self._check(subject, text, versions)
             if problems:
-                raise RegistryError(409, 409, "Schema being registered is incompatible with an earlier schema for "
-                                              f"subject \"{subject}\" ({self.level(subject)}): " + "; ".join(problems))
+                raise RegistryError(
+                    409,
+                    409,
+                    "Schema being registered is incompatible with an earlier schema for "
+                    f'subject "{subject}" ({self.level(subject)}): ' + "; ".join(problems),
+                )
             sid = next((i for i, s in self.schemas.items() if _normal(s) == norm), None)
             if sid is None:
                 sid = max(self.schemas, default=0) + 1

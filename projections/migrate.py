@@ -22,14 +22,16 @@ def migrate(dsn: str) -> list[str]:
     """Apply what is missing; returns the names applied."""
     applied: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-                     " applied_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         for version, name, sql in migrations():
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_ID,))
                 if conn.execute("SELECT 1 FROM schema_migrations WHERE version = %s", (version,)).fetchone():
                     continue
-                conn.execute(sql)  # type: ignore[arg-type] - trusted file shipped with the package
+                conn.execute(sql.encode())  # a trusted file shipped with the package
                 conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
                 applied.append(name)
     return applied

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-
-from taskstream.projections.pg_rows import statements
-from taskstream.projections.runner import Batch
+from taskstream.projections.pg_rows import dead_letter_statement, statements
+from taskstream.projections.runner import Batch, RawRecord
 
 
 class PgProjection:
@@ -29,7 +28,15 @@ class PgProjection:
     def apply(self, batch: Batch) -> None:
         stmts: list[tuple[str, tuple[Any, ...]]] = []
         for item in batch.items:
-            stmts.extend(statements(item.record))
+            rec = item.record
+            if isinstance(rec, RawRecord):
+                stmts.append(
+                    dead_letter_statement(
+                        batch.topic, item.partition, item.offset, item.log_ms, rec.key, rec.value, rec.headers
+                    )
+                )
+            else:
+                stmts.extend(statements(rec))
         with self.conn.transaction(), self.conn.pipeline(), self.conn.cursor() as cur:
             for sql, params in stmts:
                 cur.execute(sql, params)  # type: ignore[arg-type]

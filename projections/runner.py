@@ -12,10 +12,9 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-
 from taskstream.schemas.codec import Codec, DecodeError
 from taskstream.schemas.records import EventRecord
 
@@ -23,11 +22,18 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class RawRecord:
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class Item:
     partition: int
     offset: int
     log_ms: int
-    record: EventRecord
+    record: EventRecord | RawRecord
 
 
 @dataclass
@@ -59,9 +65,18 @@ def dead_letter(producer: Producer, topic: str, msg: Any, reason: str, source: s
 
 
 class ProjectionRunner:
-    def __init__(self, projection: Projection, consumer: Consumer, codec: Codec, topic: str, partitions: int,
-                 dlq: tuple[Producer, str] | None = None, batch_size: int = 2000,
-                 on_ready: Callable[[], None] | None = None, idle_backoff: float = 0.05) -> None:
+    def __init__(
+        self,
+        projection: Projection,
+        consumer: Consumer,
+        codec: Codec | None,
+        topic: str,
+        partitions: int,
+        dlq: tuple[Producer, str] | None = None,
+        batch_size: int = 2000,
+        on_ready: Callable[[], None] | None = None,
+        idle_backoff: float = 0.05,
+    ) -> None:
         self.projection = projection
         self.consumer = consumer
         self.codec = codec
@@ -71,13 +86,15 @@ class ProjectionRunner:
         self.batch_size = batch_size
         self.on_ready = on_ready
         self.stop_event = threading.Event()
+        self.assigned = threading.Event()
         self.applied = 0
         self.idle_backoff = idle_backoff
 
     def _assign(self) -> None:
         saved = self.projection.checkpoints(self.topic)
-        self.consumer.assign([TopicPartition(self.topic, p, saved.get(p, OFFSET_BEGINNING))
-                              for p in range(self.partitions)])
+        self.consumer.assign(
+            [TopicPartition(self.topic, p, saved.get(p, OFFSET_BEGINNING)) for p in range(self.partitions)]
+        )
 
     def poll_once(self, timeout: float = 0.2) -> int:
         msgs = self.consumer.consume(self.batch_size, timeout)
@@ -88,7 +105,14 @@ class ProjectionRunner:
             if m.error():
                 log.warning("consumer error on %s: %s", self.topic, m.error())
                 continue
-            batch.next_offsets[m.partition()] = m.offset() + 1
+            part, offset = cast(int, m.partition()), cast(int, m.offset())
+            batch.next_offsets[part] = offset + 1
+            if self.codec is None:  # a raw topic (dead letters): the bytes and headers are the record
+                pairs = cast(list[tuple[str, bytes | None]], m.headers() or [])
+                headers = {k: (v or b"").decode(errors="replace") for k, v in pairs}
+                raw = RawRecord(m.key(), m.value(), headers)
+                batch.items.append(Item(part, offset, m.timestamp()[1], raw))
+                continue
             try:
                 rec = self.codec.decode("event", m.value())
             except DecodeError as err:
@@ -96,7 +120,7 @@ class ProjectionRunner:
                 if self.dlq:
                     dead_letter(self.dlq[0], self.dlq[1], m, err.reason, f"projection:{self.projection.name}")
                 continue
-            batch.items.append(Item(m.partition(), m.offset(), m.timestamp()[1], rec))
+            batch.items.append(Item(part, offset, m.timestamp()[1], rec))
         if self.dlq:
             self.dlq[0].flush(10)  # dead letters are durable before the checkpoint moves past them
         if batch.next_offsets:
@@ -106,6 +130,7 @@ class ProjectionRunner:
 
     def run(self) -> None:
         self._assign()
+        self.assigned.set()
         if self.on_ready:
             self.on_ready()
         idle = 0.0

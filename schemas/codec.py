@@ -15,13 +15,13 @@ import struct
 from collections.abc import Callable
 from functools import cache
 from importlib.resources import as_file, files
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import fastavro.schema
+from taskstream.schemas import records as r
 
 from taskstream.core.model import Backoff, Resources, TaskSpec
-from taskstream.schemas import records as r
 
 MAGIC = 0
 ENVELOPES = {
@@ -77,11 +77,20 @@ def _plain(value: Any) -> Any:
 
 def spec_from(d: dict[str, Any]) -> TaskSpec:
     return TaskSpec(
-        name=d["name"], tenant=d["tenant"], argv=tuple(d["argv"]), env=dict(d["env"]),
-        working_dir=d["working_dir"], resources=Resources(**d["resources"]),
-        execution_cap_ms=d["execution_cap_ms"], retry_limit=d["retry_limit"], backoff=Backoff(**d["backoff"]),
-        delay_tolerance_ms=d["delay_tolerance_ms"], priority=d["priority"],
-        dependencies=tuple(d["dependencies"]), not_before_ms=d["not_before_ms"], labels=dict(d["labels"]),
+        name=d["name"],
+        tenant=d["tenant"],
+        argv=tuple(d["argv"]),
+        env=dict(d["env"]),
+        working_dir=d["working_dir"],
+        resources=Resources(**d["resources"]),
+        execution_cap_ms=d["execution_cap_ms"],
+        retry_limit=d["retry_limit"],
+        backoff=Backoff(**d["backoff"]),
+        delay_tolerance_ms=d["delay_tolerance_ms"],
+        priority=d["priority"],
+        dependencies=tuple(d["dependencies"]),
+        not_before_ms=d["not_before_ms"],
+        labels=dict(d["labels"]),
     )
 
 
@@ -135,8 +144,12 @@ def from_avro(envelope: str, d: dict[str, Any]) -> Any:
 
 
 def envelope_of(obj: Any) -> str:
-    for name, cls in (("event", r.EventRecord), ("command", r.CommandRecord), ("input", r.InputRecord),
-                      ("queued", r.QueuedTask)):
+    for name, cls in (
+        ("event", r.EventRecord),
+        ("command", r.CommandRecord),
+        ("input", r.InputRecord),
+        ("queued", r.QueuedTask),
+    ):
         if isinstance(obj, cls):
             return name
     raise TypeError(f"not an envelope record: {type(obj).__name__}")
@@ -192,10 +205,11 @@ class Codec:
         try:
             d = fastavro.schemaless_reader(io.BytesIO(data[5:]), writer, parsed(envelope), return_record_name=True)
         except Exception as exc:
-            raise DecodeError(f"body does not decode with schema id {schema_id} as {ENVELOPES[envelope]}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise DecodeError(
+                f"body does not decode with schema id {schema_id} as {ENVELOPES[envelope]}: {type(exc).__name__}: {exc}"
+            ) from exc
         try:
-            return from_avro(envelope, d)
+            return from_avro(envelope, cast(dict[str, Any], d))
         except DecodeError:
             raise
         except Exception as exc:

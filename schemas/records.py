@@ -136,8 +136,14 @@ class ReprioritizeRequest:
 
 
 InputBody = (
-    ClaimRequest | StartReport | FinishReport | WatchPrerequisite | PrerequisiteEnded | TimerFired
-    | CancelRequest | ReprioritizeRequest
+    ClaimRequest
+    | StartReport
+    | FinishReport
+    | WatchPrerequisite
+    | PrerequisiteEnded
+    | TimerFired
+    | CancelRequest
+    | ReprioritizeRequest
 )
 
 
@@ -172,6 +178,14 @@ EVENT_PAYLOADS: dict[str, type] = {NS + cls.__name__: cls for cls in ev.EVENT_TY
 }
 INPUT_BODIES: dict[str, type] = {
     NS + cls.__name__: cls
-    for cls in (ClaimRequest, StartReport, FinishReport, WatchPrerequisite, PrerequisiteEnded, TimerFired,
-                CancelRequest, ReprioritizeRequest)
+    for cls in (
+        ClaimRequest,
+        StartReport,
+        FinishReport,
+        WatchPrerequisite,
+        PrerequisiteEnded,
+        TimerFired,
+        CancelRequest,
+        ReprioritizeRequest,
+    )
 }

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from taskstream.core import events as e
-from taskstream.core.submission import Submission, assign_ids, check_submission, submission_id_for
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
 from taskstream.streams.context import Context
+
+from taskstream.core import events as e
+from taskstream.core.submission import Submission, assign_ids, check_submission, submission_id_for
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,9 @@ def admission_events(ctx: Context, cmd: r.CommandRecord, body: r.SubmitDag, at_m
         tid = ids[spec.name]
         sends.append((ctx.events, tid, ctx.event(tid, sid, 1, at_ms, e.TaskSubmitted(submission_id=sid, spec=spec))))
         sends.append((ctx.events, tid, ctx.event(tid, sid, 2, at_ms, e.TaskAdmitted(node=ctx.node))))
-    accepted = r.SubmissionAccepted(tenant=body.tenant, idempotency_key=body.idempotency_key,
-                                    command_id=cmd.command_id, task_ids=ids)
+    accepted = r.SubmissionAccepted(
+        tenant=body.tenant, idempotency_key=body.idempotency_key, command_id=cmd.command_id, task_ids=ids
+    )
     sends.append((ctx.events, sid, ctx.event(None, sid, 0, at_ms, accepted, event_id=f"{sid}:accepted")))
     return sends
 
@@ -46,19 +48,35 @@ async def handle_command(ctx: Context, message: Any) -> None:
     try:
         cmd = ctx.codec.decode("command", message.value)
     except DecodeError as err:
-        log.warning("command at %s[%d]@%d is undecodable: %s", message.topic, message.partition, message.offset,
-                    err.reason)
+        log.warning(
+            "command at %s[%d]@%d is undecodable: %s", message.topic, message.partition, message.offset, err.reason
+        )
         await ctx.dead_letter(message, err.reason, "admission")
         return
     body = cmd.body
     if isinstance(body, r.SubmitDag):
         sends = admission_events(ctx, cmd, body, at_ms)
     elif isinstance(body, r.CancelTaskRequest):
-        sends = [(ctx.inputs, body.task_id, ctx.input(body.task_id, at_ms, r.CancelRequest(body.reason or
-                 f"cancelled by {cmd.issuer or 'a user'}"), f"{cmd.command_id}:cancel"))]
+        sends = [
+            (
+                ctx.inputs,
+                body.task_id,
+                ctx.input(
+                    body.task_id,
+                    at_ms,
+                    r.CancelRequest(body.reason or f"cancelled by {cmd.issuer or 'a user'}"),
+                    f"{cmd.command_id}:cancel",
+                ),
+            )
+        ]
     elif isinstance(body, r.ReprioritizeTaskRequest):
-        sends = [(ctx.inputs, body.task_id, ctx.input(body.task_id, at_ms, r.ReprioritizeRequest(body.priority),
-                                                      f"{cmd.command_id}:reprioritize"))]
+        sends = [
+            (
+                ctx.inputs,
+                body.task_id,
+                ctx.input(body.task_id, at_ms, r.ReprioritizeRequest(body.priority), f"{cmd.command_id}:reprioritize"),
+            )
+        ]
     else:  # pragma: no cover - the codec only yields known bodies
         return
     await ctx.send_all(sends)

@@ -15,17 +15,17 @@ import time
 from typing import Any
 
 import faust
-
 from taskstream.connectors.idle import install_idle_backoff
 from taskstream.connectors.kafka import make_codec
 from taskstream.connectors.services import ready_file
 from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired
-from taskstream.settings import Settings
 from taskstream.streams.admission import handle_command
 from taskstream.streams.context import Context
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.worker import ClaimWaiter, Executor
+
+from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
 TIMER_RESEND_MS = 5_000
@@ -50,7 +50,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
     )
-    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
     commands = app.topic(s.topic("commands"), **raw)
     events = app.topic(s.topic("events"), **raw)
     inputs = app.topic(s.topic("task-inputs"), **raw)
@@ -120,8 +120,15 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         for key, t in due:
             tid = key.decode()
             sent[key] = now
-            await ctx().send_all([(inputs, tid, ctx().input(tid, now, TimerFired(t["purpose"]),
-                                                             f"{tid}:timer:{t['purpose']}:{t['due']}"))])
+            await ctx().send_all(
+                [
+                    (
+                        inputs,
+                        tid,
+                        ctx().input(tid, now, TimerFired(t["purpose"]), f"{tid}:timer:{t['purpose']}:{t['due']}"),
+                    )
+                ]
+            )
 
     @app.task
     async def mark_ready() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from taskstream.schemas.codec import Codec
 from taskstream.schemas.records import EventRecord, InputRecord
+
 from taskstream.settings import Settings
 
 
@@ -27,11 +28,23 @@ class Context:
     queue: Any
     dead_letters: Any
 
-    def event(self, task_id: str | None, submission_id: str, version: int, at_ms: int, payload: Any,
-              event_id: str | None = None) -> EventRecord:
+    def event(
+        self,
+        task_id: str | None,
+        submission_id: str,
+        version: int,
+        at_ms: int,
+        payload: Any,
+        event_id: str | None = None,
+    ) -> EventRecord:
         return EventRecord(
-            event_id=event_id or f"{task_id}:{version}", task_id=task_id, submission_id=submission_id,
-            version=version, event_ms=at_ms, node=self.node, payload=payload,
+            event_id=event_id or f"{task_id}:{version}",
+            task_id=task_id,
+            submission_id=submission_id,
+            version=version,
+            event_ms=at_ms,
+            node=self.node,
+            payload=payload,
         )
 
     def input(self, task_id: str, at_ms: int, body: Any, input_id: str) -> InputRecord:

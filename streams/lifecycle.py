@@ -16,14 +16,15 @@ import logging
 from collections import deque
 from typing import Any
 
-from taskstream.core import commands as c
-from taskstream.core import events as e
-from taskstream.core.machine import Rejection, evolve, run
-from taskstream.core.model import TERMINAL, Status, TaskState
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
 from taskstream.streams.context import Context, unit_random
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
+
+from taskstream.core import commands as c
+from taskstream.core import events as e
+from taskstream.core.machine import Rejection, evolve, run
+from taskstream.core.model import TERMINAL, Status, TaskState
 
 log = logging.getLogger(__name__)
 ADMISSION_EVENTS = (e.TaskSubmitted, e.TaskAdmitted, e.TaskRejected)
@@ -109,12 +110,14 @@ class Lifecycle:
         return all(record.ended.get(d) == Status.SUCCEEDED.value for d in spec.dependencies)
 
     def _ended_signal(self, state: TaskState, dependent: str, at: int) -> tuple[Any, str, Any]:
-        body = r.PrerequisiteEnded(prerequisite=state.task_id, succeeded=state.status is Status.SUCCEEDED,
-                                   outcome=state.status.value)
-        return (self.ctx.inputs, dependent,
-                self.ctx.input(dependent, at, body, f"{state.task_id}:ended:{dependent}"))
+        body = r.PrerequisiteEnded(
+            prerequisite=state.task_id, succeeded=state.status is Status.SUCCEEDED, outcome=state.status.value
+        )
+        return (self.ctx.inputs, dependent, self.ctx.input(dependent, at, body, f"{state.task_id}:ended:{dependent}"))
 
-    def _react(self, record: TaskRecord, new: list[e.Event], at: int) -> tuple[list[c.Command], list[tuple[Any, str, Any]]]:
+    def _react(
+        self, record: TaskRecord, new: list[e.Event], at: int
+    ) -> tuple[list[c.Command], list[tuple[Any, str, Any]]]:
         """What follows from events just decided: more commands for this task, and sends elsewhere."""
         s = record.state
         cmds: list[c.Command] = []
@@ -126,8 +129,15 @@ class Lifecycle:
                     if not s.spec.dependencies:
                         cmds.append(c.MarkReady("no prerequisites", at))
                     for dep in s.spec.dependencies:
-                        sends.append((self.ctx.inputs, dep, self.ctx.input(
-                            dep, at, r.WatchPrerequisite(dependent=s.task_id), f"{s.task_id}:watch:{dep}")))
+                        sends.append(
+                            (
+                                self.ctx.inputs,
+                                dep,
+                                self.ctx.input(
+                                    dep, at, r.WatchPrerequisite(dependent=s.task_id), f"{s.task_id}:watch:{dep}"
+                                ),
+                            )
+                        )
                     if s.spec.dependencies and self._all_succeeded(record):
                         cmds.append(c.MarkReady("every prerequisite succeeded", at))
                 case e.TaskReady():
@@ -139,8 +149,9 @@ class Lifecycle:
             sends.extend(self._ended_signal(s, dep, at) for dep in record.dependents)
         return cmds, sends
 
-    async def _process(self, record: TaskRecord, commands: list[c.Command], at: int, rand: float,
-                       sends: list[tuple[Any, str, Any]]) -> None:
+    async def _process(
+        self, record: TaskRecord, commands: list[c.Command], at: int, rand: float, sends: list[tuple[Any, str, Any]]
+    ) -> None:
         tid = record.state.task_id
         pending = deque(commands)
         out: list[tuple[Any, str, Any]] = []
@@ -150,14 +161,20 @@ class Lifecycle:
             before = record.state
             state, decided = run(before, cmd, rand)
             if isinstance(decided, Rejection):
-                if (isinstance(cmd, c.MarkReady) and before.status is Status.WAITING and before.spec
-                        and before.spec.not_before_ms is not None):
+                if (
+                    isinstance(cmd, c.MarkReady)
+                    and before.status is Status.WAITING
+                    and before.spec
+                    and before.spec.not_before_ms is not None
+                ):
                     timer = {"due": before.spec.not_before_ms, "purpose": "not_before"}
                 else:
                     log.info("%s", decided.message)
                 continue
             for i, ev in enumerate(decided, start=1):
-                out.append((self.ctx.events, tid, self.ctx.event(tid, before.submission_id, before.version + i, at, ev)))
+                out.append(
+                    (self.ctx.events, tid, self.ctx.event(tid, before.submission_id, before.version + i, at, ev))
+                )
                 if isinstance(ev, e.TaskRetryScheduled):
                     timer = {"due": ev.due_ms, "purpose": "retry"}
                 elif isinstance(ev, e.TaskReady | e.TaskCancelled) and timer is False:

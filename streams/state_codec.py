@@ -6,8 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskstream.core.model import Claim, Status, TaskState
 from taskstream.schemas.codec import _plain, spec_from
+
+from taskstream.core.model import Claim, Status, TaskState
 
 
 @dataclass
@@ -20,10 +21,18 @@ class TaskRecord:
 def dumps(rec: TaskRecord) -> bytes:
     s = rec.state
     d: dict[str, Any] = {
-        "task_id": s.task_id, "status": s.status.value, "version": s.version,
-        "spec": _plain(s.spec) if s.spec else None, "submission_id": s.submission_id, "priority": s.priority,
-        "attempt": s.attempt, "claim": _plain(s.claim) if s.claim else None, "retry_due_ms": s.retry_due_ms,
-        "exit_code": s.exit_code, "reason": s.reason, "updated_ms": s.updated_ms,
+        "task_id": s.task_id,
+        "status": s.status.value,
+        "version": s.version,
+        "spec": _plain(s.spec) if s.spec else None,
+        "submission_id": s.submission_id,
+        "priority": s.priority,
+        "attempt": s.attempt,
+        "claim": _plain(s.claim) if s.claim else None,
+        "retry_due_ms": s.retry_due_ms,
+        "exit_code": s.exit_code,
+        "reason": s.reason,
+        "updated_ms": s.updated_ms,
     }
     return json.dumps({"state": d, "dependents": rec.dependents, "ended": rec.ended}).encode()
 
@@ -32,9 +41,17 @@ def loads(raw: bytes) -> TaskRecord:
     obj = json.loads(raw)
     d = obj["state"]
     state = TaskState(
-        task_id=d["task_id"], status=Status(d["status"]), version=d["version"],
-        spec=spec_from(d["spec"]) if d["spec"] else None, submission_id=d["submission_id"], priority=d["priority"],
-        attempt=d["attempt"], claim=Claim(**d["claim"]) if d["claim"] else None, retry_due_ms=d["retry_due_ms"],
-        exit_code=d["exit_code"], reason=d["reason"], updated_ms=d["updated_ms"],
+        task_id=d["task_id"],
+        status=Status(d["status"]),
+        version=d["version"],
+        spec=spec_from(d["spec"]) if d["spec"] else None,
+        submission_id=d["submission_id"],
+        priority=d["priority"],
+        attempt=d["attempt"],
+        claim=Claim(**d["claim"]) if d["claim"] else None,
+        retry_due_ms=d["retry_due_ms"],
+        exit_code=d["exit_code"],
+        reason=d["reason"],
+        updated_ms=d["updated_ms"],
     )
     return TaskRecord(state, list(obj["dependents"]), dict(obj["ended"]))

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-
-from taskstream.core import events as e
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
 from taskstream.streams.context import Context
+
+from taskstream.core import events as e
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = 5.0
@@ -47,8 +47,12 @@ class ClaimWaiter:
 
     async def run(self) -> None:
         s = self.ctx.settings
-        consumer = AIOKafkaConsumer(bootstrap_servers=s.bootstrap, enable_auto_commit=False,
-                                    isolation_level="read_committed", fetch_max_wait_ms=100)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            fetch_max_wait_ms=100,
+        )
         await consumer.start()
         try:
             topic = s.topic("events")
@@ -131,21 +135,31 @@ class Executor:
         limit = self.ctx.settings.output_tail_bytes
         env = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
         env.update(spec.env)
-        env.update(TASKSTREAM_TASK_ID=qt.task_id, TASKSTREAM_ATTEMPT=str(qt.attempt), TASKSTREAM_TENANT=spec.tenant,
-                   TASKSTREAM_TASK_NAME=spec.name)
+        env.update(
+            TASKSTREAM_TASK_ID=qt.task_id,
+            TASKSTREAM_ATTEMPT=str(qt.attempt),
+            TASKSTREAM_TENANT=spec.tenant,
+            TASKSTREAM_TASK_NAME=spec.name,
+        )
         cwd = Path(spec.working_dir) if spec.working_dir else self.work_root / qt.task_id / str(qt.attempt)
         started = time.monotonic()
         try:
             if not spec.working_dir:
                 cwd.mkdir(parents=True, exist_ok=True)
             proc = await asyncio.create_subprocess_exec(
-                *spec.argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                *spec.argv,
+                cwd=cwd,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
             )
         except OSError as exc:
             why = f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"
-            await self._report(qt.task_id, int(time.time() * 1000),
-                               r.FinishReport(claim_id, None, "", 0, why), f"{claim_id}:finish")
+            await self._report(
+                qt.task_id, int(time.time() * 1000), r.FinishReport(claim_id, None, "", 0, why), f"{claim_id}:finish"
+            )
             return
         await self._report(qt.task_id, int(time.time() * 1000), r.StartReport(claim_id, proc.pid), f"{claim_id}:start")
         assert proc.stdout is not None
@@ -167,5 +181,9 @@ class Executor:
         code = proc.returncode
         if reason and code == 0:
             code = -signal.SIGTERM
-        await self._report(qt.task_id, int(time.time() * 1000),
-                           r.FinishReport(claim_id, code, _tail(buf, limit), duration, reason), f"{claim_id}:finish")
+        await self._report(
+            qt.task_id,
+            int(time.time() * 1000),
+            r.FinishReport(claim_id, code, _tail(buf, limit), duration, reason),
+            f"{claim_id}:finish",
+        )

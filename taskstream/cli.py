@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -18,13 +18,21 @@ from rich.table import Table
 from taskstream.settings import Settings, SettingsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+graph_app = typer.Typer(no_args_is_help=True, help="Ask the dependency graph (Ladybug or Neo4j).")
+app.add_typer(graph_app, name="graph")
 serve_app = typer.Typer(hidden=True, help="Run one service in the foreground (the supervisor uses these).")
 app.add_typer(serve_app, name="serve")
 console = Console()
 err = Console(stderr=True)
 TERMINAL = {"SUCCEEDED", "DEAD_LETTERED", "CANCELLED", "REJECTED"}
-STYLE = {"SUCCEEDED": "green", "DEAD_LETTERED": "red", "CANCELLED": "yellow", "REJECTED": "red",
-         "RUNNING": "cyan", "RETRY_WAIT": "magenta"}
+STYLE = {
+    "SUCCEEDED": "green",
+    "DEAD_LETTERED": "red",
+    "CANCELLED": "yellow",
+    "REJECTED": "red",
+    "RUNNING": "cyan",
+    "RETRY_WAIT": "magenta",
+}
 
 
 def settings() -> Settings:
@@ -35,7 +43,7 @@ def settings() -> Settings:
         raise typer.Exit(2) from exc
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[red]error:[/] {message}")
     raise typer.Exit(code)
 
@@ -61,15 +69,21 @@ def up(timeout: Annotated[float, typer.Option(help="seconds to wait for every se
     for spec in specs:
         for what, port in spec.ports:
             if not sv.port_free(s.host, port):
-                fail(f"port {port} on {s.host} ({what}) is taken: stop what uses it or set another port "
-                     f"(TASKSTREAM_*_PORT)")
+                fail(
+                    f"port {port} on {s.host} ({what}) is taken: stop what uses it or set another port "
+                    f"(TASKSTREAM_*_PORT)"
+                )
     for d in (sv.run_dir(s), sv.log_dir(s)):
         d.mkdir(parents=True, exist_ok=True)
     sup.status_file(s).unlink(missing_ok=True)
     log = open(sv.log_dir(s) / "supervisor.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(  # noqa: S603 - argv list
-        [sys.executable, "-m", "taskstream", "serve", "supervisor"], stdout=log, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL, env={**os.environ, **s.env()}, start_new_session=True,
+        [sys.executable, "-m", "taskstream", "serve", "supervisor"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **s.env()},
+        start_new_session=True,
     )
     log.close()
     deadline = time.monotonic() + timeout
@@ -102,8 +116,10 @@ def _print_services(s: Settings) -> None:
         alive = bool(v.get("pid")) and sup.pid_alive(v["pid"])
         t.add_row(name, str(v.get("pid") or "-"), "yes" if alive else "[red]no[/]", str(v.get("restarts", 0)))
     console.print(t)
-    console.print(f"Kafka {s.bootstrap} · registry {s.registry} · PostgreSQL {s.dsn.split(' connect_timeout')[0]}"
-                  f" · graph {s.graph_backend}")
+    console.print(
+        f"Kafka {s.bootstrap} · registry {s.registry} · PostgreSQL {s.dsn.split(' connect_timeout')[0]}"
+        f" · graph {s.graph_backend}"
+    )
 
 
 @app.command()
@@ -185,9 +201,9 @@ def submit(
         fail(str(exc))
     if not outcome.accepted:
         err.print(f"[red]rejected:[/] submission {sid}:")
-        for e in outcome.errors:
-            where = f"task {e['task']!r}" if e.get("task") else "submission"
-            err.print(f"  - {where}, field {e['field']!r}: {e['reason']}")
+        for problem in outcome.errors:
+            where = f"task {problem['task']!r}" if problem.get("task") else "submission"
+            err.print(f"  - {where}, field {problem['field']!r}: {problem['reason']}")
         raise typer.Exit(1)
     console.print(f"[green]accepted[/] submission {sid}: {len(outcome.task_ids)} task(s)")
     if not follow:
@@ -201,7 +217,9 @@ def submit(
 def _rows(conn: Any, sid: str) -> list[tuple[Any, ...]]:
     return conn.execute(
         "SELECT name, status, attempt, exit_code, started_at, finished_at, reason, task_id FROM tasks "
-        "WHERE submission_id = %s ORDER BY name", (sid,)).fetchall()
+        "WHERE submission_id = %s ORDER BY name",
+        (sid,),
+    ).fetchall()
 
 
 def follow_submission(s: Settings, sid: str, timeout: float) -> bool:
@@ -213,8 +231,9 @@ def follow_submission(s: Settings, sid: str, timeout: float) -> bool:
     seen: dict[str, str] = {}
     with psycopg.connect(s.dsn, autocommit=True) as conn:
         rows = _rows(conn, sid)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as progress:
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        ) as progress:
             bar = progress.add_task("running", total=len(rows) or None)
             while time.monotonic() < deadline:
                 rows = _rows(conn, sid)
@@ -227,8 +246,12 @@ def follow_submission(s: Settings, sid: str, timeout: float) -> bool:
                 counts: dict[str, int] = {}
                 for r in rows:
                     counts[r[1]] = counts.get(r[1], 0) + 1
-                progress.update(bar, total=len(rows), completed=done,
-                                description=" ".join(f"{k.lower()}:{v}" for k, v in sorted(counts.items())))
+                progress.update(
+                    bar,
+                    total=len(rows),
+                    completed=done,
+                    description=" ".join(f"{k.lower()}:{v}" for k, v in sorted(counts.items())),
+                )
                 if rows and done == len(rows):
                     break
                 time.sleep(0.3)
@@ -238,8 +261,14 @@ def follow_submission(s: Settings, sid: str, timeout: float) -> bool:
         t.add_column(col)
     for name, status, attempt, code, started, finished, reason, _tid in rows:
         took = f"{(finished - started).total_seconds():.2f}s" if started and finished else "-"
-        t.add_row(name, f"[{STYLE.get(status, 'white')}]{status}[/]", str(attempt),
-                  "-" if code is None else str(code), took, reason or "")
+        t.add_row(
+            name,
+            f"[{STYLE.get(status, 'white')}]{status}[/]",
+            str(attempt),
+            "-" if code is None else str(code),
+            took,
+            reason or "",
+        )
     console.print(t)
     all_ok = bool(rows) and all(r[1] == "SUCCEEDED" for r in rows)
     if not all(r[1] in TERMINAL for r in rows):
@@ -259,8 +288,10 @@ def status(task: Annotated[str | None, typer.Argument(help="a task id; omit for 
     try:
         conn = psycopg.connect(s.dsn, autocommit=True)
     except psycopg.OperationalError as exc:
-        fail(f"cannot reach PostgreSQL at {s.dsn.split(' connect_timeout')[0]} (is the stack up?): "
-             f"{str(exc).strip().splitlines()[0]}")
+        fail(
+            f"cannot reach PostgreSQL at {s.dsn.split(' connect_timeout')[0]} (is the stack up?): "
+            f"{str(exc).strip().splitlines()[0]}"
+        )
     with conn:
         if task is None:
             if s.embedded_kafka:
@@ -271,15 +302,21 @@ def status(task: Annotated[str | None, typer.Argument(help="a task id; omit for 
             for st, n in conn.execute("SELECT status, count(*) FROM tasks GROUP BY status ORDER BY status"):
                 t.add_row(f"[{STYLE.get(st, 'white')}]{st}[/]", str(n))
             console.print(t)
+            _print_lag(s)
             return
-        row = conn.execute("SELECT name, tenant, status, version, attempt, worker, exit_code, reason, argv, "
-                           "submission_id, dependencies FROM tasks WHERE task_id::text = %s", (task,)).fetchone()
+        row = conn.execute(
+            "SELECT name, tenant, status, version, attempt, worker, exit_code, reason, argv, "
+            "submission_id, dependencies FROM tasks WHERE task_id::text = %s",
+            (task,),
+        ).fetchone()
         if row is None:
             fail(f"no task {task} in the read model (it may not be projected yet; try `taskstream audit {task}`)")
         name, tenant, st, version, attempt, worker, code, reason, argv, sid, deps = row
         console.print(f"task {task} [bold]{name}[/] (tenant {tenant}, submission {sid})")
-        console.print(f"  status [{STYLE.get(st, 'white')}]{st}[/] · version {version} · attempt {attempt} · "
-                      f"worker {worker or '-'} · exit {code if code is not None else '-'}")
+        console.print(
+            f"  status [{STYLE.get(st, 'white')}]{st}[/] · version {version} · attempt {attempt} · "
+            f"worker {worker or '-'} · exit {code if code is not None else '-'}"
+        )
         console.print(f"  argv {argv}")
         if deps:
             console.print(f"  depends on {', '.join(str(d) for d in deps)}")
@@ -289,11 +326,41 @@ def status(task: Annotated[str | None, typer.Argument(help="a task id; omit for 
         for col in ("#", "worker", "started", "ended", "exit", "outcome", "output (tail)"):
             t.add_column(col)
         for n, w, started, ended, ec, outcome, tail in conn.execute(
-                "SELECT attempt, worker, started_at, ended_at, exit_code, outcome, output_tail FROM attempts "
-                "WHERE task_id::text = %s ORDER BY attempt", (task,)):
-            t.add_row(str(n), w or "-", str(started or "-"), str(ended or "-"), "-" if ec is None else str(ec),
-                      outcome or "-", (tail or "").strip()[-200:])
+            "SELECT attempt, worker, started_at, ended_at, exit_code, outcome, output_tail FROM attempts "
+            "WHERE task_id::text = %s ORDER BY attempt",
+            (task,),
+        ):
+            t.add_row(
+                str(n),
+                w or "-",
+                str(started or "-"),
+                str(ended or "-"),
+                "-" if ec is None else str(ec),
+                outcome or "-",
+                (tail or "").strip()[-200:],
+            )
         console.print(t)
+
+
+def _print_lag(s: Settings) -> None:
+    from taskstream.projections.graph_service import graph_queries
+    from taskstream.projections.lag import graph_checkpoints, pg_checkpoints, projection_lag
+
+    topic = s.topic("events")
+    try:
+        graph: dict[int, int] | None = graph_checkpoints(graph_queries(s).checkpoints(), topic)
+    except OSError:
+        graph = None
+    rows = projection_lag(s, pg_checkpoints(s.dsn, topic), graph)
+    t = Table(title=f"projection lag on {topic}" + ("" if graph is not None else " (graph service unreachable)"))
+    for col in ("projection", "partition", "checkpoint", "log end", "behind"):
+        t.add_column(col, justify="right" if col != "projection" else "left")
+    for r in rows:
+        behind = f"[yellow]{r.behind}[/]" if r.behind else "0"
+        t.add_row(
+            r.projection, str(r.partition), "-" if r.checkpoint is None else str(r.checkpoint), str(r.log_end), behind
+        )
+    console.print(t)
 
 
 @app.command()
@@ -321,6 +388,123 @@ def audit(
     for h in history:
         t.add_row(str(h["version"]), h["event"], h["event_time"], h["log_time"], h["node"], h["details"])
     console.print(t)
+
+
+# ---- graph ---------------------------------------------------------------------------------------------
+
+
+def _graph() -> Any:
+    from taskstream.projections.graph_service import graph_queries
+
+    return graph_queries(settings())
+
+
+def _graph_call(fn: Any, *args: str) -> Any:
+    try:
+        return fn(*args)
+    except OSError as exc:
+        fail(f"cannot reach the graph service (is the stack up?): {exc}")
+
+
+def _print_ids(ids: list[str], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(ids))
+    else:
+        for i in ids:
+            print(i)
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
+
+
+@graph_app.command("unblocked")
+def graph_unblocked(task: str, as_json: JsonOpt = False) -> None:
+    """Tasks that depend on TASK and whose every prerequisite has now succeeded."""
+    _print_ids(_graph_call(_graph().newly_unblocked, task), as_json)
+
+
+@graph_app.command("blocks")
+def graph_blocks(task: str, as_json: JsonOpt = False) -> None:
+    """Everything TASK transitively blocks (its dependents, their dependents, ...)."""
+    _print_ids(_graph_call(_graph().blocks, task), as_json)
+
+
+@graph_app.command("needs")
+def graph_needs(task: str, as_json: JsonOpt = False) -> None:
+    """Everything TASK transitively needs (its prerequisites, theirs, ...)."""
+    _print_ids(_graph_call(_graph().needs, task), as_json)
+
+
+@graph_app.command("order")
+def graph_order(submission: str, as_json: JsonOpt = False) -> None:
+    """A topological order of a submission's tasks: prerequisites first."""
+    _print_ids(_graph_call(_graph().order, submission), as_json)
+
+
+@graph_app.command("would-cycle")
+def graph_would_cycle(task: str, prerequisite: str, as_json: JsonOpt = False) -> None:
+    """Would making TASK depend on PREREQUISITE close a cycle? Exit 1 and print the cycle if so."""
+    path = _graph_call(_graph().would_close_cycle, task, prerequisite)
+    if as_json:
+        print(json.dumps({"cycle": path}))
+    elif path:
+        console.print("closes a cycle: " + " -> ".join(path))
+    else:
+        console.print("no cycle")
+    raise typer.Exit(1 if path else 0)
+
+
+# ---- tail ----------------------------------------------------------------------------------------------
+
+
+@app.command()
+def tail(
+    from_beginning: Annotated[bool, typer.Option("--from-beginning", help="start at offset 0")] = False,
+    count: Annotated[int, typer.Option(help="stop after this many events (0: follow forever)")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Follow the events topic, decoded with the registry, the way your own consumers would."""
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
+
+    from taskstream.connectors.audit import describe
+    from taskstream.connectors.kafka import consumer, make_codec
+    from taskstream.schemas.codec import DecodeError
+
+    s = settings()
+    codec = make_codec(s, retries=5)
+    topic = s.topic("events")
+    c = consumer(s, group=f"taskstream-tail-{os.getpid()}")
+    start = OFFSET_BEGINNING if from_beginning else OFFSET_END
+    c.assign([TopicPartition(topic, p, start) for p in range(s.partitions)])
+    seen = 0
+    try:
+        while count == 0 or seen < count:
+            for m in c.consume(500, 0.5):
+                if m.error():
+                    continue
+                try:
+                    row = describe(codec.decode("event", m.value()), m)
+                except DecodeError as exc:
+                    row = {
+                        "event": "UNDECODABLE",
+                        "details": exc.reason,
+                        "partition": m.partition(),
+                        "offset": m.offset(),
+                    }
+                if as_json:
+                    print(json.dumps(row, default=str), flush=True)
+                else:
+                    console.print(
+                        f"{row.get('log_time', '')} {row.get('task_id') or row.get('submission_id', '')} "
+                        f"v{row.get('version', '?')} [bold]{row['event']}[/] {row['details']}"
+                    )
+                seen += 1
+                if count and seen >= count:
+                    break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
 
 
 @app.command()

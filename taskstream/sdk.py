@@ -36,8 +36,9 @@ class Client:
         self.settings = settings
         self.issuer = issuer
         self.topic = settings.topic("commands")
-        self._serializer = AvroSerializer(registry_client(settings), schema_text("command"),
-                                          lambda obj, _ctx: to_avro(obj))
+        self._serializer = AvroSerializer(
+            registry_client(settings), schema_text("command"), lambda obj, _ctx: to_avro(obj)
+        )
         self._producer = producer(settings, partitioner="murmur2_random")
 
     def _send(self, key: str, body: Any) -> str:
@@ -45,10 +46,13 @@ class Client:
         cmd = CommandRecord(command_id=command_id, issued_ms=int(time.time() * 1000), body=body, issuer=self.issuer)
         value = self._serializer(cmd, SerializationContext(self.topic, MessageField.VALUE))
         errors: list[Any] = []
-        self._producer.produce(self.topic, key=key.encode(), value=value,
-                               on_delivery=lambda err, _msg: errors.append(err) if err else None)
+        self._producer.produce(
+            self.topic, key=key.encode(), value=value, on_delivery=lambda err, _msg: errors.append(err) if err else None
+        )
         if self._producer.flush(30) or errors:
-            raise SubmitError(f"the broker at {self.settings.bootstrap} did not take the command: {errors or 'timeout'}")
+            raise SubmitError(
+                f"the broker at {self.settings.bootstrap} did not take the command: {errors or 'timeout'}"
+            )
         return command_id
 
     def submit(self, sub: Submission) -> tuple[str, str]:
@@ -69,10 +73,13 @@ class Client:
         deadline = time.monotonic() + timeout
         with psycopg.connect(self.settings.dsn, autocommit=True) as conn:
             while time.monotonic() < deadline:
-                row = conn.execute("SELECT outcome, task_ids, errors FROM submissions WHERE submission_id = %s",
-                                   (submission_id,)).fetchone()
+                row = conn.execute(
+                    "SELECT outcome, task_ids, errors FROM submissions WHERE submission_id = %s", (submission_id,)
+                ).fetchone()
                 if row:
                     return Outcome(submission_id, row[0] == "ACCEPTED", dict(row[1]), list(row[2]))
                 time.sleep(0.2)
-        raise SubmitError(f"no admission decision for submission {submission_id} within {timeout:.0f}s "
-                          "(is the stack up? `taskstream status`)")
+        raise SubmitError(
+            f"no admission decision for submission {submission_id} within {timeout:.0f}s "
+            "(is the stack up? `taskstream status`)"
+        )

@@ -16,8 +16,7 @@ log = logging.getLogger("taskstream.serve")
 
 
 def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -40,26 +39,43 @@ def registry(settings: Settings) -> None:
     server.shutdown()
 
 
-def _run_projection(settings: Settings, name: str, projection: object, on_ready: object = None) -> None:
+def _run_projections(settings: Settings, runs: list[tuple[str, str, object, bool]], on_ready: object = None) -> None:
+    """Run projections side by side, one thread each: (name, topic key, projection, decode as events?)."""
     from taskstream.projections.runner import ProjectionRunner
 
     codec = k.make_codec(settings)
-    consumer = k.consumer(settings, group=f"taskstream-projection-{name}")
-    runner = ProjectionRunner(
-        projection, consumer, codec, settings.topic("events"), settings.partitions,  # type: ignore[arg-type]
-        dlq=(k.producer(settings), settings.topic("dead-letters")), on_ready=on_ready,  # type: ignore[arg-type]
-    )
     stop = threading.Event()
     _stop_on_signals(stop)
-    t = threading.Thread(target=runner.run, name=f"projection-{name}", daemon=True)
-    t.start()
-    while not stop.wait(0.5):
-        if not t.is_alive():
-            raise SystemExit(f"projection {name} stopped unexpectedly")
-    runner.stop()
-    t.join(10)
-    consumer.close()
-    projection.close()  # type: ignore[attr-defined]
+    runners, threads = [], []
+    for name, topic_key, projection, decode in runs:
+        consumer = k.consumer(settings, group=f"taskstream-projection-{name}")
+        runner = ProjectionRunner(
+            projection,  # type: ignore[arg-type]
+            consumer,
+            codec if decode else None,
+            settings.topic(topic_key),
+            settings.partitions,
+            dlq=(k.producer(settings), settings.topic("dead-letters")) if decode else None,
+        )
+        runners.append((runner, consumer, projection))
+        threads.append(threading.Thread(target=runner.run, name=f"projection-{name}", daemon=True))
+    for t in threads:
+        t.start()
+    ready_called = False
+    while not stop.wait(0.2):
+        if not all(t.is_alive() for t in threads):
+            raise SystemExit("a projection thread stopped unexpectedly")
+        if not ready_called and all(r.assigned.is_set() for r, _, _ in runners):
+            ready_called = True
+            if on_ready:
+                on_ready()  # type: ignore[operator]
+    for r, _, _ in runners:
+        r.stop()
+    for t in threads:
+        t.join(10)
+    for _, consumer, projection in runners:
+        consumer.close()
+        projection.close()  # type: ignore[attr-defined]
 
 
 def graph(settings: Settings) -> None:
@@ -76,14 +92,21 @@ def graph(settings: Settings) -> None:
         health["ready"] = True
         _touch(ready_file(settings, "graph"))
 
-    _run_projection(settings, "graph", GraphProjection(store), ready)
+    _run_projections(settings, [("graph", "events", GraphProjection(store), True)], ready)
 
 
 def pg_projector(settings: Settings) -> None:
     from taskstream.projections.pg import PgProjection
 
     _logging()
-    _run_projection(settings, "pg", PgProjection(settings.dsn), lambda: _touch(ready_file(settings, "pg-projector")))
+    _run_projections(
+        settings,
+        [
+            ("pg", "events", PgProjection(settings.dsn), True),
+            ("pg-dead-letters", "dead-letters", PgProjection(settings.dsn, projection="pg-dead-letters"), False),
+        ],
+        lambda: _touch(ready_file(settings, "pg-projector")),
+    )
 
 
 def _touch(path: Path) -> None:

@@ -80,8 +80,11 @@ class Supervisor:
     def _write(self, **changes: Any) -> None:
         self.status.update(changes)
         self.status["services"] = {
-            c.spec.name: {"pid": c.proc.pid if c.proc else None, "restarts": c.restarts,
-                          "log": str(sv.log_dir(self.settings) / f"{c.spec.name}.log")}
+            c.spec.name: {
+                "pid": c.proc.pid if c.proc else None,
+                "restarts": c.restarts,
+                "log": str(sv.log_dir(self.settings) / f"{c.spec.name}.log"),
+            }
             for c in self.children
         }
         path = status_file(self.settings)
@@ -96,8 +99,13 @@ class Supervisor:
         logf = open(sv.log_dir(self.settings) / f"{spec.name}.log", "ab")  # noqa: SIM115 - child owns it
         env = {**os.environ, **self.settings.env(), **spec.env, "PYTHONUNBUFFERED": "1"}
         child.proc = subprocess.Popen(  # noqa: S603 - argv list built by services.py
-            spec.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=self.settings.state_dir, preexec_fn=_die_with_parent,
+            spec.argv,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=self.settings.state_dir,
+            preexec_fn=_die_with_parent,
         )
         logf.close()
         child.started = time.monotonic()
@@ -109,15 +117,19 @@ class Supervisor:
         while time.monotonic() < deadline and not self.stopping:
             assert child.proc is not None
             if child.proc.poll() is not None:
-                raise sv.ServiceError(f"{child.spec.name} exited with status {child.proc.returncode} while starting: "
-                                      f"{self._log_tail(child.spec.name)}")
+                raise sv.ServiceError(
+                    f"{child.spec.name} exited with status {child.proc.returncode} while starting: "
+                    f"{self._log_tail(child.spec.name)}"
+                )
             if child.spec.ready():
                 log.info("%s is ready (%.1fs)", child.spec.name, time.monotonic() - child.started)
                 return
             time.sleep(0.2)
         if not self.stopping:
-            raise sv.ServiceError(f"{child.spec.name} was not ready within {child.spec.ready_timeout:.0f}s: "
-                                  f"{self._log_tail(child.spec.name)}")
+            raise sv.ServiceError(
+                f"{child.spec.name} was not ready within {child.spec.ready_timeout:.0f}s: "
+                f"{self._log_tail(child.spec.name)}"
+            )
 
     def _log_tail(self, name: str) -> str:
         try:
@@ -185,8 +197,12 @@ class Supervisor:
             for child in self.children:
                 proc = child.proc
                 if proc is not None and proc.poll() is not None and not self.stopping:
-                    log.error("%s exited with status %s: %s", child.spec.name, proc.returncode,
-                              self._log_tail(child.spec.name))
+                    log.error(
+                        "%s exited with status %s: %s",
+                        child.spec.name,
+                        proc.returncode,
+                        self._log_tail(child.spec.name),
+                    )
                     child.proc = None
                     child.restarts += 1
                     # quick restart first, then back off up to 30 s between attempts
@@ -203,8 +219,7 @@ class Supervisor:
 def main(settings: Settings) -> int:
     for d in (sv.run_dir(settings), sv.log_dir(settings)):
         d.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return Supervisor(settings).run()

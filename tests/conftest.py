@@ -33,9 +33,18 @@ def stack_env(state_dir: Path) -> dict[str, str]:
     return env
 
 
-def taskstream(env: dict[str, str], *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "taskstream", *args], env={**env, "COLUMNS": "200"}, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+def taskstream(
+    env: dict[str, str], *args: str, timeout: float = 300, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "taskstream", *args],
+        env={**env, "COLUMNS": "200"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if check and done.returncode != 0:
         raise AssertionError(f"taskstream {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done

@@ -18,12 +18,17 @@ def specs(draw: st.DrawFn, name: str | None = None, deps: tuple[str, ...] = ()) 
         argv=tuple(draw(st.lists(text.filter(bool), min_size=1, max_size=4))),
         env=draw(st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), text, max_size=3)),
         working_dir=draw(st.none() | st.just("/tmp")),
-        resources=Resources(cpu=draw(st.floats(0.1, 64)), memory_mb=draw(st.integers(1, 65536)),
-                            gpu=draw(st.integers(0, 8))),
+        resources=Resources(
+            cpu=draw(st.floats(0.1, 64)), memory_mb=draw(st.integers(1, 65536)), gpu=draw(st.integers(0, 8))
+        ),
         execution_cap_ms=draw(st.integers(1, 86_400_000)),
         retry_limit=draw(st.integers(0, 5)),
-        backoff=Backoff(initial_ms=draw(st.integers(0, 1000)), factor=draw(st.floats(1, 4)),
-                        max_ms=draw(st.integers(1000, 60_000)), jitter=draw(st.floats(0, 1))),
+        backoff=Backoff(
+            initial_ms=draw(st.integers(0, 1000)),
+            factor=draw(st.floats(1, 4)),
+            max_ms=draw(st.integers(1000, 60_000)),
+            jitter=draw(st.floats(0, 1)),
+        ),
         delay_tolerance_ms=draw(st.integers(0, 10**9)),
         priority=draw(st.integers(-1000, 1000)),
         dependencies=deps,
@@ -41,6 +46,7 @@ def dags(draw: st.DrawFn, max_tasks: int = 12) -> list[TaskSpec]:
         deps = tuple(sorted(draw(st.sets(st.sampled_from([f"t{j}" for j in range(i)]), max_size=3)))) if i else ()
         out.append(draw(specs(name=f"t{i}", deps=deps)))
     return out
+
 
 # Avro int is 32 bits: unannotated int fields in st.builds draw from this range.
 st.register_type_strategy(int, st.integers(-(2**31), 2**31 - 1))

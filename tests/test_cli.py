@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 
@@ -15,9 +16,16 @@ pytestmark = pytest.mark.stack
 def test_the_example_dag_runs_to_a_summary_table(stack: Stack) -> None:
     out = stack.cli("submit", str(ROOT / "examples" / "etl-dag.yaml"), "--follow", "--timeout", "120")
     assert "accepted submission" in out.stdout
-    table = out.stdout[out.stdout.rindex("submission "):]
-    for name in ("prepare", "extract-orders", "extract-customers", "flaky-load", "join", "report-sales",
-                 "report-churn"):
+    table = out.stdout[out.stdout.rindex("submission ") :]
+    for name in (
+        "prepare",
+        "extract-orders",
+        "extract-customers",
+        "flaky-load",
+        "join",
+        "report-sales",
+        "report-churn",
+    ):
         line = next(ln for ln in table.splitlines() if f" {name} " in ln)
         assert "SUCCEEDED" in line, line
     flaky = next(ln for ln in table.splitlines() if " flaky-load " in ln)
@@ -26,8 +34,10 @@ def test_the_example_dag_runs_to_a_summary_table(stack: Stack) -> None:
 
 def test_a_bad_file_names_the_task_the_field_and_why(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "bad.yaml"
-    bad.write_text("tenant: acme\ntasks:\n  - name: a\n    argv: echo hi\n  - name: b\n    argv: [x]\n"
-                   "    dependencies: [zzz]\n    retry_limit: -2\n")
+    bad.write_text(
+        "tenant: acme\ntasks:\n  - name: a\n    argv: echo hi\n  - name: b\n    argv: [x]\n"
+        "    dependencies: [zzz]\n    retry_limit: -2\n"
+    )
     out = stack.cli("submit", str(bad), check=False)
     assert out.returncode == 2
     assert "task 'a', field 'argv': must be a list of strings (no shell string)" in out.stderr
@@ -43,6 +53,10 @@ def test_status_shows_counts_and_one_task(stack: Stack) -> None:
     out = stack.cli("submit", str(ROOT / "examples" / "hello.yaml"), "--follow", "--timeout", "60")
     overview = stack.cli("status").stdout
     assert "SUCCEEDED" in overview and "worker-0" in overview
+    assert "projection lag on taskstream.events" in overview
+    lag_row = re.compile(r"^│ (pg|graph)\s+│\s+\d+\s+│\s+(\d+|-)\s+│\s+\d+\s+│\s+\d+\s+│$")
+    lag_rows = [ln for ln in overview.splitlines() if lag_row.match(ln)]
+    assert len(lag_rows) == 2 * stack.settings.partitions, overview
     task_id = out.stdout.split("accepted submission ")[1].split(":")[0]
     import psycopg
 
@@ -61,6 +75,34 @@ def test_up_names_a_taken_port(tmp_path) -> None:  # type: ignore[no-untyped-def
     assert out.returncode == 1
     assert f"port {env['TASKSTREAM_KAFKA_PORT']} on 127.0.0.1 (Kafka broker) is taken" in out.stderr
     assert not (tmp_path / "state" / "run" / "supervisor.json").exists()
+
+
+def test_up_names_a_missing_binary(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {**stack_env(tmp_path / "state"), "TASKSTREAM_PG_BIN": str(tmp_path / "no-such-dir")}
+    out = taskstream(env, "up", check=False, timeout=60)
+    assert out.returncode == 1
+    assert f"PostgreSQL binary 'initdb' missing in {tmp_path / 'no-such-dir'}" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_killed_service_is_restarted_and_work_goes_on(stack: Stack) -> None:
+    import json
+    import os
+    import signal
+
+    from tests.conftest import wait_until
+
+    status_path = stack.settings.state_dir / "run" / "supervisor.json"
+    before = json.loads(status_path.read_text())["services"]["pg-projector"]
+    os.kill(before["pid"], signal.SIGKILL)
+
+    def restarted() -> bool:
+        now = json.loads(status_path.read_text())["services"]["pg-projector"]
+        return now["restarts"] == before["restarts"] + 1 and now["pid"] not in (None, before["pid"])
+
+    wait_until(restarted, 60, "the supervisor to restart pg-projector")
+    out = stack.cli("submit", str(ROOT / "examples" / "hello.yaml"), "--follow", "--timeout", "90")
+    assert "SUCCEEDED" in out.stdout
 
 
 def test_state_survives_down_then_up(stack: Stack) -> None:

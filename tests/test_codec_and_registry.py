@@ -15,11 +15,11 @@ from confluent_kafka.schema_registry.schema_registry_client import Schema
 from confluent_kafka.serialization import MessageField, SerializationContext
 from hypothesis import given
 from hypothesis import strategies as st
-
 from taskstream.connectors.registry import make_server
-from taskstream.core import events as e
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import Codec, DecodeError, UnknownSchemaError, from_avro, schema_text, to_avro
+
+from taskstream.core import events as e
 from tests.strategies import specs, text
 
 
@@ -54,16 +54,40 @@ def test_every_class_matches_its_avro_record_field_for_field() -> None:
     for env in ("command", "event", "input", "queued"):
         avro.update(_records_in(json.loads(schema_text(env))))
     tables = {**r.EVENT_PAYLOADS, **r.INPUT_BODIES, **r.COMMAND_BODIES}
-    tables.update({r.NS + n: c for n, c in (("TaskSpec", r.TaskSpec), ("TaskEvent", r.EventRecord),
-                                           ("Command", r.CommandRecord), ("TaskInput", r.InputRecord),
-                                           ("QueuedTask", r.QueuedTask), ("FieldProblem", r.FieldProblem))})
+    tables.update(
+        {
+            r.NS + n: c
+            for n, c in (
+                ("TaskSpec", r.TaskSpec),
+                ("TaskEvent", r.EventRecord),
+                ("Command", r.CommandRecord),
+                ("TaskInput", r.InputRecord),
+                ("QueuedTask", r.QueuedTask),
+                ("FieldProblem", r.FieldProblem),
+            )
+        }
+    )
     for full, cls in tables.items():
         name = full.removeprefix(r.NS)
         assert sorted(avro[name]) == sorted(f.name for f in dataclasses.fields(cls)), name
     # the whole lifecycle named in ARCHITECTURE.md has a schema
-    for needed in ("TaskSubmitted", "TaskAdmitted", "TaskRejected", "TaskReady", "TaskQueued", "TaskClaimed",
-                   "TaskStarted", "TaskHeartbeat", "TaskSucceeded", "TaskFailed", "TaskRetryScheduled",
-                   "TaskTimedOut", "TaskCancelled", "TaskReprioritized", "TaskDeadLettered"):
+    for needed in (
+        "TaskSubmitted",
+        "TaskAdmitted",
+        "TaskRejected",
+        "TaskReady",
+        "TaskQueued",
+        "TaskClaimed",
+        "TaskStarted",
+        "TaskHeartbeat",
+        "TaskSucceeded",
+        "TaskFailed",
+        "TaskRetryScheduled",
+        "TaskTimedOut",
+        "TaskCancelled",
+        "TaskReprioritized",
+        "TaskDeadLettered",
+    ):
         assert needed in avro
 
 
@@ -71,8 +95,12 @@ PAYLOADS = st.one_of(
     st.builds(e.TaskSubmitted, text, specs()),
     *[st.builds(cls) for cls in e.EVENT_TYPES if cls is not e.TaskSubmitted],
     st.builds(r.SubmissionAccepted, text, st.none() | text, text, st.dictionaries(text, text, max_size=3)),
-    st.builds(r.SubmissionRejected, text, text,
-              st.lists(st.builds(r.FieldProblem, st.none() | text, text, text), max_size=3).map(tuple)),
+    st.builds(
+        r.SubmissionRejected,
+        text,
+        text,
+        st.lists(st.builds(r.FieldProblem, st.none() | text, text, text), max_size=3).map(tuple),
+    ),
 )
 
 
@@ -88,8 +116,11 @@ def test_event_records_round_trip(payload: object, version: int, task_id: str | 
 @given(specs())
 def test_commands_round_trip(spec: r.TaskSpec) -> None:
     codec = Codec({"command": 1}, lambda sid: pytest.fail("no lookup expected"))
-    for body in (r.SubmitDag("acme", (spec,), "key", {"a": "b"}), r.CancelTaskRequest("t", "why"),
-                 r.ReprioritizeTaskRequest("t", 4)):
+    for body in (
+        r.SubmitDag("acme", (spec,), "key", {"a": "b"}),
+        r.CancelTaskRequest("t", "why"),
+        r.ReprioritizeTaskRequest("t", 4),
+    ):
         cmd = r.CommandRecord("c", 1, body, "me")  # type: ignore[arg-type]
         assert codec.decode("command", codec.encode(cmd)) == cmd
 
@@ -140,7 +171,9 @@ def test_an_incompatible_change_is_refused_and_a_compatible_one_accepted(registr
         registry.register_schema(subject, Schema(_evolved({"name": "region", "type": "string"}), "AVRO"))
     assert info.value.http_status_code == 409
     assert "region" in info.value.error_message
-    ok = registry.register_schema(subject, Schema(_evolved({"name": "region", "type": "string", "default": ""}), "AVRO"))
+    ok = registry.register_schema(
+        subject, Schema(_evolved({"name": "region", "type": "string", "default": ""}), "AVRO")
+    )
     assert registry.get_latest_version(subject).schema_id == ok
     assert registry.get_latest_version(subject).version == 2
 

@@ -14,9 +14,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from taskstream.projections.graph_service import GraphClient
 
 from taskstream.core.submission import submission_id_for
-from taskstream.projections.graph_service import GraphClient
 from tests.conftest import Stack, wait_until
 
 pytestmark = pytest.mark.stack
@@ -25,10 +25,21 @@ pytestmark = pytest.mark.stack
 def task(name: str, code: str, deps: list[str] = (), **extra: Any) -> dict[str, Any]:  # type: ignore[assignment]
     """A TaskSpec as a plain dict, the way any Avro producer builds it."""
     return {
-        "name": name, "tenant": "acme", "argv": ["python3", "-c", code], "env": {}, "working_dir": None,
-        "resources": {"cpu": 0.5, "memory_mb": 64, "gpu": 0}, "execution_cap_ms": 60_000, "retry_limit": 0,
-        "backoff": {"initial_ms": 200, "factor": 2.0, "max_ms": 1000, "jitter": 0.0}, "delay_tolerance_ms": 0,
-        "priority": 0, "dependencies": list(deps), "not_before_ms": None, "labels": {}, **extra,
+        "name": name,
+        "tenant": "acme",
+        "argv": ["python3", "-c", code],
+        "env": {},
+        "working_dir": None,
+        "resources": {"cpu": 0.5, "memory_mb": 64, "gpu": 0},
+        "execution_cap_ms": 60_000,
+        "retry_limit": 0,
+        "backoff": {"initial_ms": 200, "factor": 2.0, "max_ms": 1000, "jitter": 0.0},
+        "delay_tolerance_ms": 0,
+        "priority": 0,
+        "dependencies": list(deps),
+        "not_before_ms": None,
+        "labels": {},
+        **extra,
     }
 
 
@@ -38,11 +49,19 @@ def produce_command(stack: Stack, body_type: str, body: dict[str, Any]) -> str:
     topic = s.topic("commands")
     registry = SchemaRegistryClient({"url": s.registry})
     latest = registry.get_latest_version(f"{topic}-value")
-    ser = AvroSerializer(registry, latest.schema.schema_str, conf={"auto.register.schemas": False,
-                                                                    "use.latest.version": True})
+    ser = AvroSerializer(
+        registry, latest.schema.schema_str, conf={"auto.register.schemas": False, "use.latest.version": True}
+    )
     command_id = str(uuid.uuid4())
-    value = ser({"command_id": command_id, "issued_ms": int(time.time() * 1000), "issuer": "outside-program",
-                 "body": (f"io.taskstream.{body_type}", body)}, SerializationContext(topic, MessageField.VALUE))
+    value = ser(
+        {
+            "command_id": command_id,
+            "issued_ms": int(time.time() * 1000),
+            "issuer": "outside-program",
+            "body": (f"io.taskstream.{body_type}", body),
+        },
+        SerializationContext(topic, MessageField.VALUE),
+    )
     p = Producer({"bootstrap.servers": s.bootstrap})
     p.produce(topic, key=command_id.encode(), value=value)
     assert p.flush(30) == 0
@@ -52,20 +71,29 @@ def produce_command(stack: Stack, body_type: str, body: dict[str, Any]) -> str:
 def submission_of(stack: Stack, command_id: str, timeout: float = 90) -> tuple[str, str, dict[str, Any]]:
     def find() -> Any:
         with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
-            return conn.execute("SELECT submission_id::text, outcome, task_ids, errors FROM submissions "
-                                "WHERE command_id = %s", (command_id,)).fetchone()
+            return conn.execute(
+                "SELECT submission_id::text, outcome, task_ids, errors FROM submissions WHERE command_id = %s",
+                (command_id,),
+            ).fetchone()
+
     sid, outcome, ids, errors = wait_until(find, timeout, f"the admission decision on {command_id}")
     return sid, outcome, {"task_ids": ids, "errors": errors}
 
 
 def rows(stack: Stack, sid: str) -> dict[str, dict[str, Any]]:
-    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+    with (
+        psycopg.connect(stack.settings.dsn, autocommit=True) as conn,
+        conn.cursor(row_factory=psycopg.rows.dict_row) as cur,
+    ):
         cur.execute("SELECT * FROM tasks WHERE submission_id = %s", (sid,))
         return {r["name"]: r for r in cur.fetchall()}
 
 
 def attempts(stack: Stack, task_id: Any) -> list[dict[str, Any]]:
-    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+    with (
+        psycopg.connect(stack.settings.dsn, autocommit=True) as conn,
+        conn.cursor(row_factory=psycopg.rows.dict_row) as cur,
+    ):
         cur.execute("SELECT * FROM attempts WHERE task_id = %s ORDER BY attempt", (task_id,))
         return cur.fetchall()
 
@@ -89,10 +117,13 @@ DIAMOND = {
 
 def test_an_outside_program_submits_a_dag_that_runs_in_dependency_order(stack: Stack) -> None:
     tasks = [task(name, f"print('{name} done')", deps) for name, deps in DIAMOND.items()]
-    tasks[2] = task("middle", "import os,sys; a=int(os.environ['TASKSTREAM_ATTEMPT']); print('try', a); "
-                              "sys.exit(0 if a > 1 else 5)", ["root"], retry_limit=1)
-    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {},
-                                                "tasks": tasks})
+    tasks[2] = task(
+        "middle",
+        "import os,sys; a=int(os.environ['TASKSTREAM_ATTEMPT']); print('try', a); sys.exit(0 if a > 1 else 5)",
+        ["root"],
+        retry_limit=1,
+    )
+    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": tasks})
     sid, outcome, _ = submission_of(stack, cid)
     assert outcome == "ACCEPTED"
     done = wait_until(lambda: all_terminal(stack, sid, len(DIAMOND)), 120, "every task to end")
@@ -129,20 +160,28 @@ def test_an_outside_program_submits_a_dag_that_runs_in_dependency_order(stack: S
 
     # the graph holds the same DAG: one node per task, one DEPENDS_ON edge per dependency
     graph = GraphClient(stack.settings.graph_url)
-    expected_edges = sorted((str(done[n]["task_id"]), str(done[d]["task_id"])) for n, deps in DIAMOND.items() for d in deps)
+    expected_edges = sorted(
+        (str(done[n]["task_id"]), str(done[d]["task_id"])) for n, deps in DIAMOND.items() for d in deps
+    )
     wait_until(lambda: sorted(graph.edges(sid)) == expected_edges, 60, "the graph's edges")
-    wait_until(lambda: {st for _, _, st in graph.nodes(sid)} == {"SUCCEEDED"} and len(graph.nodes(sid)) == 7,
-               60, "the graph's nodes to be succeeded")
+    wait_until(
+        lambda: {st for _, _, st in graph.nodes(sid)} == {"SUCCEEDED"} and len(graph.nodes(sid)) == 7,
+        60,
+        "the graph's nodes to be succeeded",
+    )
     root = str(done["root"]["task_id"])
     assert sorted(graph.blocks(root)) == sorted(str(r["task_id"]) for n, r in done.items() if n != "root")
     assert sorted(graph.needs(str(done["leaf-a"]["task_id"]))) == sorted(
-        str(done[n]["task_id"]) for n in ("root", "left", "middle", "right", "join"))
+        str(done[n]["task_id"]) for n in ("root", "left", "middle", "right", "join")
+    )
 
 
 def test_a_failed_task_dead_letters_and_its_dependents_end_cancelled(stack: Stack) -> None:
-    tasks = [task("breaks", "import sys; print('no'); sys.exit(7)"),
-             task("after", "print('never')", ["breaks"]),
-             task("after-after", "print('never')", ["after"])]
+    tasks = [
+        task("breaks", "import sys; print('no'); sys.exit(7)"),
+        task("after", "print('never')", ["breaks"]),
+        task("after-after", "print('never')", ["after"]),
+    ]
     cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": tasks})
     sid, outcome, _ = submission_of(stack, cid)
     assert outcome == "ACCEPTED"
@@ -155,8 +194,12 @@ def test_a_failed_task_dead_letters_and_its_dependents_end_cancelled(stack: Stac
 
 
 def test_nonsense_values_become_a_rejection_that_names_the_field(stack: Stack) -> None:
-    tasks = [task("a", "pass", ["c"]), task("b", "pass", ["a"]), task("c", "pass", ["b"]),
-             task("d", "pass", resources={"cpu": -1.0, "memory_mb": 64, "gpu": 0})]
+    tasks = [
+        task("a", "pass", ["c"]),
+        task("b", "pass", ["a"]),
+        task("c", "pass", ["b"]),
+        task("d", "pass", resources={"cpu": -1.0, "memory_mb": 64, "gpu": 0}),
+    ]
     cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": tasks})
     sid, outcome, extra = submission_of(stack, cid)
     assert outcome == "REJECTED"
@@ -172,7 +215,9 @@ def test_undecodable_commands_go_to_the_dead_letter_topic_and_nothing_stalls(sta
     p.produce(s.topic("commands"), key=marker, value=b"not avro at all")
     p.produce(s.topic("commands"), key=marker, value=b"\x00\x00\x00\x7f\xffgarbage")  # unknown schema id
     assert p.flush(30) == 0
-    c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": f"t-{marker.decode()}", "auto.offset.reset": "earliest"})
+    c = Consumer(
+        {"bootstrap.servers": s.bootstrap, "group.id": f"t-{marker.decode()}", "auto.offset.reset": "earliest"}
+    )
     c.subscribe([s.topic("dead-letters")])
     found: list[Any] = []
 
@@ -190,9 +235,21 @@ def test_undecodable_commands_go_to_the_dead_letter_topic_and_nothing_stalls(sta
     assert any("magic byte" in r for r in reasons)
     assert any("schema id 2147483647" in r or "not known to the registry" in r for r in reasons)
     assert sorted(m.value() for m in found) == sorted([b"not avro at all", b"\x00\x00\x00\x7f\xffgarbage"])
+
+    def projected() -> list[Any]:
+        with psycopg.connect(s.dsn, autocommit=True) as conn:
+            return conn.execute("SELECT source_topic, detected_by, reason, value FROM dead_letters WHERE key = %s "
+                                "ORDER BY source_offset", (marker,)).fetchall()
+
+    dl = wait_until(lambda: len(projected()) == 2 and projected(), 60, "dead letters in PostgreSQL")
+    assert {(t, by) for t, by, _, _ in dl} == {(s.topic("commands"), "admission")}
+    assert "magic byte 110 is not 0" in dl[0][2] and bytes(dl[0][3]) == b"not avro at all"
     # and a normal submission still goes through
-    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {},
-                                               "tasks": [task("fine", "print(1)")]})
+    cid = produce_command(
+        stack,
+        "SubmitDag",
+        {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": [task("fine", "print(1)")]},
+    )
     sid, outcome, _ = submission_of(stack, cid)
     assert outcome == "ACCEPTED"
     wait_until(lambda: all_terminal(stack, sid, 1), 60, "the task to end")
@@ -209,3 +266,18 @@ def test_resubmitting_with_the_same_idempotency_key_admits_nothing_new(stack: St
     got = rows(stack, sid1)
     assert list(got) == ["once"] and got["once"]["status"] == "SUCCEEDED"
     assert len(attempts(stack, got["once"]["task_id"])) == 1  # it ran once
+
+
+def test_a_task_over_its_execution_cap_is_killed(stack: Stack) -> None:
+    tasks = [task("sleeper", "import time; print('sleeping', flush=True); time.sleep(120)", execution_cap_ms=1500)]
+    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": tasks})
+    sid, _, _ = submission_of(stack, cid)
+    started = time.monotonic()
+    done = wait_until(lambda: all_terminal(stack, sid, 1), 60, "the sleeper to be killed")
+    assert time.monotonic() - started < 60
+    row = done["sleeper"]
+    assert row["status"] == "DEAD_LETTERED"
+    (run,) = attempts(stack, row["task_id"])
+    assert run["outcome"] == "FAILED" and run["reason"] == "killed: ran over its execution cap of 1.5s"
+    assert "sleeping" in run["output_tail"]
+    assert 1500 <= run["duration_ms"] < 1500 + 5000 + 2000  # cap + SIGTERM grace + slack

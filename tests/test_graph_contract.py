@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from taskstream.core import events as e
-from taskstream.core.model import TaskSpec
 from taskstream.projections.graph import GraphProjection, GraphQueries, LadybugStore, Neo4jStore
 from taskstream.projections.runner import Batch, Item
 from taskstream.schemas.records import EventRecord
+
+from taskstream.core import events as e
+from taskstream.core.model import TaskSpec
 
 
 def _ladybug(tmp_path_factory: pytest.TempPathFactory) -> LadybugStore:
@@ -36,19 +36,23 @@ def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     s.close()
 
 
-def project(store: object, dag: dict[str, list[str]], statuses: dict[str, str] | None = None,
-            offset: int = 0) -> tuple[str, dict[str, str], GraphProjection]:
+def project(
+    store: object, dag: dict[str, list[str]], statuses: dict[str, str] | None = None, offset: int = 0
+) -> tuple[str, dict[str, str], GraphProjection]:
     """Project a DAG (name -> prerequisite names) as events; returns the submission id and name -> id."""
     sid = str(uuid.uuid4())
     ids = {n: f"{sid}/{n}" for n in dag}
     items = []
     for i, (name, deps) in enumerate(dag.items()):
         spec = TaskSpec(name=name, tenant="t", argv=("x",), dependencies=tuple(ids[d] for d in deps))
-        items.append(Item(0, offset + i, 0, EventRecord(f"{ids[name]}:1", ids[name], sid, 1, 0, "n",
-                                                        e.TaskSubmitted(sid, spec))))
+        items.append(
+            Item(0, offset + i, 0, EventRecord(f"{ids[name]}:1", ids[name], sid, 1, 0, "n", e.TaskSubmitted(sid, spec)))
+        )
     for j, (name, status) in enumerate((statuses or {}).items()):
         payload = e.TaskSucceeded("c", 0, "", 1) if status == "SUCCEEDED" else e.TaskReady("r")
-        items.append(Item(0, offset + len(dag) + j, 0, EventRecord(f"{ids[name]}:2", ids[name], sid, 2, 0, "n", payload)))
+        items.append(
+            Item(0, offset + len(dag) + j, 0, EventRecord(f"{ids[name]}:2", ids[name], sid, 2, 0, "n", payload))
+        )
     proj = GraphProjection(store)  # type: ignore[arg-type]
     batch = Batch("events", items, {0: offset + len(items)})
     proj.apply(batch)
@@ -72,8 +76,10 @@ def closure(dag: dict[str, list[str]], start: str, reverse: bool = False) -> set
 @st.composite
 def random_dags(draw: st.DrawFn) -> dict[str, list[str]]:
     n = draw(st.integers(2, 25))
-    return {f"n{i}": sorted(draw(st.sets(st.sampled_from([f"n{j}" for j in range(i)]), max_size=3))) if i else []
-            for i in range(n)}
+    return {
+        f"n{i}": sorted(draw(st.sets(st.sampled_from([f"n{j}" for j in range(i)]), max_size=3))) if i else []
+        for i in range(n)
+    }
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -82,7 +88,9 @@ def test_closures_and_edges_match_python(store: object, dag: dict[str, list[str]
     sid, ids, _ = project(store, dag)
     q = GraphQueries(store)  # type: ignore[arg-type]
     name_of = {v: k for k, v in ids.items()}
-    assert sorted((name_of[a], name_of[b]) for a, b in q.edges(sid)) == sorted((n, d) for n, ds in dag.items() for d in ds)
+    assert sorted((name_of[a], name_of[b]) for a, b in q.edges(sid)) == sorted(
+        (n, d) for n, ds in dag.items() for d in ds
+    )
     x = data.draw(st.sampled_from(sorted(dag)))
     assert {name_of[t] for t in q.needs(ids[x])} == closure(dag, x)
     assert {name_of[t] for t in q.blocks(ids[x])} == closure(dag, x, reverse=True)
@@ -110,8 +118,47 @@ def test_applying_a_batch_twice_changes_nothing_and_checkpoints_advance(store: o
     q = GraphQueries(store)  # type: ignore[arg-type]
     before = (sorted(q.edges(sid)), sorted(q.nodes(sid)))
     # the same events again (a redelivery), with a stale status event after a newer one
-    items = [Item(0, 1, 0, EventRecord(f"{ids['q']}:1", ids["q"], sid, 1, 0, "n",
-                                      e.TaskSubmitted(sid, TaskSpec("q", "t", ("x",), dependencies=(ids["p"],)))))]
+    items = [
+        Item(
+            0,
+            1,
+            0,
+            EventRecord(
+                f"{ids['q']}:1",
+                ids["q"],
+                sid,
+                1,
+                0,
+                "n",
+                e.TaskSubmitted(sid, TaskSpec("q", "t", ("x",), dependencies=(ids["p"],))),
+            ),
+        )
+    ]
     proj.apply(Batch("events", items, {0: 10_002}))
     assert (sorted(q.edges(sid)), sorted(q.nodes(sid))) == before
     assert proj.checkpoints("events")[0] == 10_002
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(random_dags(), st.data())
+def test_topological_order_and_cycle_checks_match_python(
+    store: object, dag: dict[str, list[str]], data: st.DataObject
+) -> None:
+    sid, ids, _ = project(store, dag)
+    q = GraphQueries(store)  # type: ignore[arg-type]
+    name_of = {v: k for k, v in ids.items()}
+    order = [name_of[t] for t in q.order(sid)]
+    assert sorted(order) == sorted(dag)
+    position = {n: i for i, n in enumerate(order)}
+    for n, deps in dag.items():
+        assert all(position[d] < position[n] for d in deps), f"{n} before one of {deps}"
+    a = data.draw(st.sampled_from(sorted(dag)))
+    b = data.draw(st.sampled_from(sorted(dag)))
+    path = q.would_close_cycle(ids[a], ids[b])  # a would depend on b
+    closes = a == b or a in closure(dag, b)  # b already (transitively) needs a
+    assert (path is not None) == closes
+    if path:
+        names = [name_of[p] for p in path]
+        assert names[0] == names[-1] == a and names[1] == b
+        for x, y in zip(names[1:], names[2:], strict=False):
+            assert y in dag[x], f"{x} does not depend on {y}"

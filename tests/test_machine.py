@@ -14,8 +14,13 @@ from taskstream.core.backoff import compute_backoff
 from taskstream.core.machine import TRANSITIONS, Rejection, decide, evolve, fold, run
 from taskstream.core.model import TERMINAL, Backoff, Status, TaskSpec, TaskState
 
-SPEC = TaskSpec(name="build", tenant="acme", argv=("make",), retry_limit=1,
-                backoff=Backoff(initial_ms=1000, factor=2.0, max_ms=10_000))
+SPEC = TaskSpec(
+    name="build",
+    tenant="acme",
+    argv=("make",),
+    retry_limit=1,
+    backoff=Backoff(initial_ms=1000, factor=2.0, max_ms=10_000),
+)
 T = "task-1"
 
 SUBMITTED = [e.TaskSubmitted("sub-1", SPEC)]
@@ -39,13 +44,23 @@ def given_(history: list[e.Event]) -> TaskState:
         (WAITING, c.MarkReady("every prerequisite succeeded", 2), [e.TaskReady("every prerequisite succeeded")]),
         (READY, c.QueueTask("default", 3), [e.TaskQueued(1, "default")]),
         (QUEUED, c.ClaimTask(1, "w1", "claim-1", 4), [e.TaskClaimed(1, "w1", "claim-1")]),
-        (QUEUED, c.ClaimTask(2, "w1", "claim-9", 4),
-         [e.ClaimRejected(2, "w1", "claim-9", "attempt 2 is not current (1)")]),
+        (
+            QUEUED,
+            c.ClaimTask(2, "w1", "claim-9", 4),
+            [e.ClaimRejected(2, "w1", "claim-9", "attempt 2 is not current (1)")],
+        ),
         (CLAIMED, c.StartTask("claim-1", 4242, 5), [e.TaskStarted("claim-1", "w1", 4242)]),
         (RUNNING, c.FinishTask("claim-1", 0, "ok\n", 120, "", 6), [e.TaskSucceeded("claim-1", 0, "ok\n", 120)]),
-        (RUNNING, c.FinishTask("claim-1", 2, "boom", 50, "", 6_000),
-         [e.TaskFailed("claim-1", 2, "boom", 50, "exit status 2"), e.TaskRetryScheduled(2, 7_000, 1_000)]),
-        (RUNNING, c.FinishTask("claim-0", 0, "", 1, "", 6), [e.CompletionRejected("claim-0", "claim claim-0 is fenced by claim-1")]),
+        (
+            RUNNING,
+            c.FinishTask("claim-1", 2, "boom", 50, "", 6_000),
+            [e.TaskFailed("claim-1", 2, "boom", 50, "exit status 2"), e.TaskRetryScheduled(2, 7_000, 1_000)],
+        ),
+        (
+            RUNNING,
+            c.FinishTask("claim-0", 0, "", 1, "", 6),
+            [e.CompletionRejected("claim-0", "claim claim-0 is fenced by claim-1")],
+        ),
         (READY, c.CancelTask("not needed", 7), [e.TaskCancelled("not needed")]),
         (WAITING, c.ReprioritizeTask(9, 7), [e.TaskReprioritized(0, 9)]),
     ],
@@ -55,9 +70,14 @@ def test_decide(history: list[e.Event], command: c.Command, expected: list[e.Eve
 
 
 def test_second_failure_past_the_retry_limit_dead_letters() -> None:
-    history = RUNNING + [e.TaskFailed("claim-1", 1, "", 1, "exit status 1"), e.TaskRetryScheduled(2, 10, 1000),
-                         e.TaskReady("retry 2 due"), e.TaskQueued(2, "default"), e.TaskClaimed(2, "w1", "claim-2"),
-                         e.TaskStarted("claim-2", "w1", 1)]
+    history = RUNNING + [
+        e.TaskFailed("claim-1", 1, "", 1, "exit status 1"),
+        e.TaskRetryScheduled(2, 10, 1000),
+        e.TaskReady("retry 2 due"),
+        e.TaskQueued(2, "default"),
+        e.TaskClaimed(2, "w1", "claim-2"),
+        e.TaskStarted("claim-2", "w1", 1),
+    ]
     state = given_(history)
     assert state.attempt == 2
     out = decide(state, c.FinishTask("claim-2", 1, "", 1, "", 20))
@@ -69,8 +89,11 @@ def test_second_failure_past_the_retry_limit_dead_letters() -> None:
 @pytest.mark.parametrize(
     ("history", "command", "message"),
     [
-        (RUNNING + [e.TaskSucceeded("claim-1", 0, "", 1)], c.CancelTask("", 9),
-         "cannot cancel task task-1: it is succeeded"),
+        (
+            RUNNING + [e.TaskSucceeded("claim-1", 0, "", 1)],
+            c.CancelTask("", 9),
+            "cannot cancel task task-1: it is succeeded",
+        ),
         (QUEUED, c.ReprioritizeTask(3, 9), "cannot reprioritize task task-1: it is queued"),
         (READY, c.ClaimTask(1, "w", "x", 9), "cannot claim task task-1: it is ready"),
         ([], c.AdmitTask("n", 9), "cannot admit task task-1: it is new"),
@@ -115,11 +138,23 @@ ALL_COMMANDS = st.one_of(
     st.builds(c.RejectTask, st.just("why"), st.integers(0, 100)),
     st.builds(c.MarkReady, st.just("ready"), st.integers(0, 100)),
     st.builds(c.QueueTask, st.just("default"), st.integers(0, 100)),
-    st.builds(c.ClaimTask, st.integers(0, 3), st.sampled_from(["w1", "w2"]),
-              st.sampled_from(["c1", "c2"]), st.integers(0, 100)),
+    st.builds(
+        c.ClaimTask,
+        st.integers(0, 3),
+        st.sampled_from(["w1", "w2"]),
+        st.sampled_from(["c1", "c2"]),
+        st.integers(0, 100),
+    ),
     st.builds(c.StartTask, st.sampled_from(["c1", "c2"]), st.integers(1, 9), st.integers(0, 100)),
-    st.builds(c.FinishTask, st.sampled_from(["c1", "c2"]), st.sampled_from([0, 1, None]), st.just(""),
-              st.integers(0, 9), st.just(""), st.integers(0, 100)),
+    st.builds(
+        c.FinishTask,
+        st.sampled_from(["c1", "c2"]),
+        st.sampled_from([0, 1, None]),
+        st.just(""),
+        st.integers(0, 9),
+        st.just(""),
+        st.integers(0, 100),
+    ),
     st.builds(c.RetryTask, st.integers(0, 100_000)),
     st.builds(c.CancelTask, st.just("stop"), st.integers(0, 100)),
     st.builds(c.ReprioritizeTask, st.integers(-5, 5), st.integers(0, 100)),

@@ -7,13 +7,13 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-
-from taskstream.core import events as e
-from taskstream.core.model import TaskSpec
 from taskstream.projections.migrate import migrate
 from taskstream.projections.pg import PgProjection
 from taskstream.projections.runner import Batch, Item
 from taskstream.schemas.records import EventRecord
+
+from taskstream.core import events as e
+from taskstream.core.model import TaskSpec
 from tests.conftest import Stack
 
 pytestmark = pytest.mark.stack
@@ -39,12 +39,36 @@ def history() -> list[EventRecord]:
     spec_a = TaskSpec("a", "acme", ("echo", "a"))
     spec_b = TaskSpec("b", "acme", ("echo", "b"), dependencies=(a,), retry_limit=1)
     evs: list[tuple[str, list[e.Event]]] = [
-        (a, [e.TaskSubmitted(sid, spec_a), e.TaskAdmitted("n"), e.TaskReady("r"), e.TaskQueued(1, "default"),
-             e.TaskClaimed(1, "w", "c1"), e.TaskStarted("c1", "w", 10), e.TaskSucceeded("c1", 0, "a out", 5)]),
-        (b, [e.TaskSubmitted(sid, spec_b), e.TaskAdmitted("n"), e.TaskReady("r"), e.TaskQueued(1, "default"),
-             e.TaskClaimed(1, "w", "c2"), e.TaskStarted("c2", "w", 11), e.TaskFailed("c2", 3, "b out", 4, "exit status 3"),
-             e.TaskRetryScheduled(2, 50, 10), e.TaskReady("retry"), e.TaskQueued(2, "default"),
-             e.TaskClaimed(2, "w", "c3"), e.TaskStarted("c3", "w", 12), e.TaskSucceeded("c3", 0, "b ok", 3)]),
+        (
+            a,
+            [
+                e.TaskSubmitted(sid, spec_a),
+                e.TaskAdmitted("n"),
+                e.TaskReady("r"),
+                e.TaskQueued(1, "default"),
+                e.TaskClaimed(1, "w", "c1"),
+                e.TaskStarted("c1", "w", 10),
+                e.TaskSucceeded("c1", 0, "a out", 5),
+            ],
+        ),
+        (
+            b,
+            [
+                e.TaskSubmitted(sid, spec_b),
+                e.TaskAdmitted("n"),
+                e.TaskReady("r"),
+                e.TaskQueued(1, "default"),
+                e.TaskClaimed(1, "w", "c2"),
+                e.TaskStarted("c2", "w", 11),
+                e.TaskFailed("c2", 3, "b out", 4, "exit status 3"),
+                e.TaskRetryScheduled(2, 50, 10),
+                e.TaskReady("retry"),
+                e.TaskQueued(2, "default"),
+                e.TaskClaimed(2, "w", "c3"),
+                e.TaskStarted("c3", "w", 12),
+                e.TaskSucceeded("c3", 0, "b ok", 3),
+            ],
+        ),
     ]
     out = []
     for tid, payloads in evs:
@@ -54,9 +78,13 @@ def history() -> list[EventRecord]:
 
 def snapshot(dsn: str) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
     with psycopg.connect(dsn) as conn:
-        tasks = conn.execute("SELECT name, status, version, attempt, exit_code, reason FROM tasks ORDER BY name").fetchall()
-        attempts = conn.execute("SELECT t.name, a.attempt, a.outcome, a.exit_code, a.output_tail FROM attempts a "
-                                "JOIN tasks t USING (task_id) ORDER BY 1, 2").fetchall()
+        tasks = conn.execute(
+            "SELECT name, status, version, attempt, exit_code, reason FROM tasks ORDER BY name"
+        ).fetchall()
+        attempts = conn.execute(
+            "SELECT t.name, a.attempt, a.outcome, a.exit_code, a.output_tail FROM attempts a "
+            "JOIN tasks t USING (task_id) ORDER BY 1, 2"
+        ).fetchall()
     return tasks, attempts
 
 
@@ -66,7 +94,11 @@ def test_rows_reflect_the_history(dsn: str) -> None:
     proj.apply(Batch("events", [Item(0, i, 0, r) for i, r in enumerate(evs)], {0: len(evs)}))
     tasks, attempts = snapshot(dsn)
     assert tasks == [("a", "SUCCEEDED", 7, 1, 0, ""), ("b", "SUCCEEDED", 13, 2, 0, "")]
-    assert attempts == [("a", 1, "SUCCEEDED", 0, "a out"), ("b", 1, "FAILED", 3, "b out"), ("b", 2, "SUCCEEDED", 0, "b ok")]
+    assert attempts == [
+        ("a", 1, "SUCCEEDED", 0, "a out"),
+        ("b", 1, "FAILED", 3, "b out"),
+        ("b", 2, "SUCCEEDED", 0, "b ok"),
+    ]
     assert proj.checkpoints("events") == {0: len(evs)}
 
 
@@ -78,5 +110,7 @@ def test_every_event_twice_or_replayed_from_earlier_leaves_the_rows_unchanged(ds
     twice = [Item(0, i, 0, r) for i, r in enumerate(x for rec in evs for x in (rec, rec))]
     once.apply(Batch("events", twice, {0: len(evs)}))
     assert snapshot(dsn) == expected
-    once.apply(Batch("events", [Item(0, i, 0, r) for i, r in enumerate(evs[5:])], {0: len(evs)}))  # from an earlier offset
+    once.apply(
+        Batch("events", [Item(0, i, 0, r) for i, r in enumerate(evs[5:])], {0: len(evs)})
+    )  # from an earlier offset
     assert snapshot(dsn) == expected

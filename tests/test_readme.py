@@ -25,8 +25,15 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     script = (ROOT / ".ci" / "run").read_text()
     assert "test-command" in script
     extracted = subprocess.run(
-        ["awk", "/<!-- test-command -->/{f=1; next} f && /^```/ {if (started) exit; started=1; next} f && started {print}",
-         str(ROOT / "README.md")], capture_output=True, text=True, check=True).stdout.strip()
+        [
+            "awk",
+            "/<!-- test-command -->/{f=1; next} f && /^```/ {if (started) exit; started=1; next} f && started {print}",
+            str(ROOT / "README.md"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert extracted == command_after("test-command")
     assert extracted.endswith(".venv/bin/pytest")
 
@@ -41,9 +48,17 @@ def test_the_main_command_runs_the_example_to_the_end(tmp_path: Path) -> None:
         for step in steps[2:]:
             argv = shlex.split(step)
             assert argv[0] == ".venv/bin/taskstream"
-            done = subprocess.run([sys.executable, "-m", "taskstream", *argv[1:]], cwd=ROOT, env={**env, "COLUMNS": "200"},
-                                  capture_output=True, text=True, timeout=400)
+            done = subprocess.run(
+                [sys.executable, "-m", "taskstream", *argv[1:]],
+                cwd=ROOT,
+                env={**env, "COLUMNS": "200"},
+                capture_output=True,
+                text=True,
+                timeout=400,
+            )
             assert done.returncode == 0, f"{step}:\n{done.stdout}\n{done.stderr}"
         assert "succeeded:7" in done.stdout.replace(" ", "") or done.stdout.count("SUCCEEDED") >= 7
     finally:
-        subprocess.run([sys.executable, "-m", "taskstream", "down"], cwd=ROOT, env=env, capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "taskstream", "down"], cwd=ROOT, env=env, capture_output=True, timeout=120
+        )

@@ -30,11 +30,20 @@ def errors_of(document: object) -> list[str]:
 
 
 def test_a_good_document_parses_into_specs_in_milliseconds() -> None:
-    sub = parse_document(doc(
-        {"name": "a", "argv": ["echo", "hi"], "execution_cap_s": 1.5, "not_before": "2026-01-01T00:00:00Z",
-         "backoff": {"initial_s": 0.25}},
-        {"name": "b", "argv": ["true"], "dependencies": ["a"], "tenant": "other"},
-        defaults={"retry_limit": 2}, idempotency_key="k1"))
+    sub = parse_document(
+        doc(
+            {
+                "name": "a",
+                "argv": ["echo", "hi"],
+                "execution_cap_s": 1.5,
+                "not_before": "2026-01-01T00:00:00Z",
+                "backoff": {"initial_s": 0.25},
+            },
+            {"name": "b", "argv": ["true"], "dependencies": ["a"], "tenant": "other"},
+            defaults={"retry_limit": 2},
+            idempotency_key="k1",
+        )
+    )
     a, b = sub.tasks
     assert a.execution_cap_ms == 1500 and a.backoff.initial_ms == 250 and a.retry_limit == 2
     assert a.not_before_ms == 1767225600000
@@ -46,19 +55,36 @@ def test_a_good_document_parses_into_specs_in_milliseconds() -> None:
     ("task", "expected"),
     [
         ({"name": "a", "argv": "echo hi"}, "task 'a', field 'argv': must be a list of strings (no shell string)"),
-        ({"name": "a", "argv": ["x"], "retry_limit": -1}, "task 'a', field 'retry_limit': must be between 0 and 100, got -1"),
-        ({"name": "a", "argv": ["x"], "retry_limit": "3"}, "task 'a', field 'retry_limit': must be an integer, got '3'"),
+        (
+            {"name": "a", "argv": ["x"], "retry_limit": -1},
+            "task 'a', field 'retry_limit': must be between 0 and 100, got -1",
+        ),
+        (
+            {"name": "a", "argv": ["x"], "retry_limit": "3"},
+            "task 'a', field 'retry_limit': must be an integer, got '3'",
+        ),
         ({"name": "a", "argv": ["x"], "resources": {"cpu": 0}}, "task 'a', field 'resources.cpu': must be > 0"),
         ({"name": "a", "argv": ["x"], "resources": {"disk": 1}}, "task 'a', field 'resources.disk': unknown field"),
         ({"name": "a", "argv": ["x"], "colour": "red"}, "task 'a', field 'colour': unknown field"),
-        ({"name": "a", "argv": ["x"], "not_before": "2026-01-01T00:00:00"}, "task 'a', field 'not_before': must include a time zone"),
+        (
+            {"name": "a", "argv": ["x"], "not_before": "2026-01-01T00:00:00"},
+            "task 'a', field 'not_before': must include a time zone",
+        ),
         ({"name": "a", "argv": ["x"], "execution_cap_s": 0}, "task 'a', field 'execution_cap_s': must be > 0"),
-        ({"name": "a", "argv": ["x"], "env": {"1BAD": "v"}}, "task 'a', field 'env.1BAD': is not a valid environment variable name"),
+        (
+            {"name": "a", "argv": ["x"], "env": {"1BAD": "v"}},
+            "task 'a', field 'env.1BAD': is not a valid environment variable name",
+        ),
         ({"name": "a b", "argv": ["x"]}, "task 'a b', field 'name': must be 1-128 characters"),
         ({"argv": ["x"]}, "task '#0', field 'name': is required"),
-        ({"name": "a", "argv": ["x"], "dependencies": ["nope"]},
-         "task 'a', field 'dependencies': names 'nope', which is not a task of this submission"),
-        ({"name": "a", "argv": ["x"], "dependencies": ["a"]}, "task 'a', field 'dependencies': a task cannot depend on itself"),
+        (
+            {"name": "a", "argv": ["x"], "dependencies": ["nope"]},
+            "task 'a', field 'dependencies': names 'nope', which is not a task of this submission",
+        ),
+        (
+            {"name": "a", "argv": ["x"], "dependencies": ["a"]},
+            "task 'a', field 'dependencies': a task cannot depend on itself",
+        ),
     ],
 )
 def test_each_bad_field_is_named(task: dict, expected: str) -> None:
@@ -78,9 +104,13 @@ def test_duplicate_names_are_refused() -> None:
 
 
 def test_a_cycle_is_rejected_and_named() -> None:
-    errs = errors_of(doc({"name": "a", "argv": ["x"], "dependencies": ["c"]},
-                         {"name": "b", "argv": ["x"], "dependencies": ["a"]},
-                         {"name": "c", "argv": ["x"], "dependencies": ["b"]}))
+    errs = errors_of(
+        doc(
+            {"name": "a", "argv": ["x"], "dependencies": ["c"]},
+            {"name": "b", "argv": ["x"], "dependencies": ["a"]},
+            {"name": "c", "argv": ["x"], "dependencies": ["b"]},
+        )
+    )
     assert len(errs) == 1
     assert "closes a cycle: a -> c -> b -> a" in errs[0]
 

@@ -122,8 +122,10 @@ def _finish(
     if state.attempt <= state.spec.retry_limit:
         delay = compute_backoff(state.attempt, state.spec.backoff, rand)
         return [failed, e.TaskRetryScheduled(next_attempt=state.attempt + 1, due_ms=at + delay, backoff_ms=delay)]
-    return [failed, e.TaskDeadLettered(reason=f"{reason}; {state.attempt} attempt(s), retry limit reached",
-                                       attempts=state.attempt)]
+    return [
+        failed,
+        e.TaskDeadLettered(reason=f"{reason}; {state.attempt} attempt(s), retry limit reached", attempts=state.attempt),
+    ]
 
 
 @singledispatch

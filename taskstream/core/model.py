@@ -27,9 +27,7 @@ class Status(StrEnum):
     REJECTED = "REJECTED"  # admission refused it
 
 
-TERMINAL: frozenset[Status] = frozenset(
-    {Status.SUCCEEDED, Status.DEAD_LETTERED, Status.CANCELLED, Status.REJECTED}
-)
+TERMINAL: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.DEAD_LETTERED, Status.CANCELLED, Status.REJECTED})
 
 
 @dataclass(frozen=True, slots=True)

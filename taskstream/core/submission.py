@@ -77,8 +77,20 @@ def task_id_for(submission_id: str, name: str) -> str:
 
 
 _TASK_FIELDS = {
-    "name", "tenant", "argv", "env", "working_dir", "resources", "execution_cap_s", "retry_limit",
-    "backoff", "delay_tolerance_s", "priority", "dependencies", "not_before", "labels",
+    "name",
+    "tenant",
+    "argv",
+    "env",
+    "working_dir",
+    "resources",
+    "execution_cap_s",
+    "retry_limit",
+    "backoff",
+    "delay_tolerance_s",
+    "priority",
+    "dependencies",
+    "not_before",
+    "labels",
 }
 _DOC_FIELDS = {"tenant", "idempotency_key", "labels", "defaults", "tasks"}
 
@@ -243,8 +255,9 @@ def parse_document(doc: Any, source: str = "") -> Submission:
         col.err(None, "tasks", "is required and must be a non-empty list")
         raw_tasks = []
     specs = [s for i, raw in enumerate(raw_tasks) if (s := _task_from(raw, i, defaults, tenant, col)) is not None]
-    sub = Submission(tenant=tenant, tasks=tuple(specs), idempotency_key=key,
-                     labels=_str_map(doc.get("labels"), None, "labels", col))
+    sub = Submission(
+        tenant=tenant, tasks=tuple(specs), idempotency_key=key, labels=_str_map(doc.get("labels"), None, "labels", col)
+    )
     errors = col.errors + check_submission(sub)
     if errors:
         raise SubmissionError(_dedupe(errors), source)
@@ -271,8 +284,13 @@ def check_spec(spec: TaskSpec) -> list[FieldError]:
     t = spec.name
     errs: list[FieldError] = []
     if not NAME_RE.match(spec.name):
-        errs.append(FieldError(t, "name", "must be 1-128 characters of letters, digits, '_', '.', ':', '-', "
-                                          "starting with a letter or digit"))
+        errs.append(
+            FieldError(
+                t,
+                "name",
+                "must be 1-128 characters of letters, digits, '_', '.', ':', '-', starting with a letter or digit",
+            )
+        )
     if not spec.tenant or not NAME_RE.match(spec.tenant):
         errs.append(FieldError(t, "tenant", f"must be a non-empty identifier, got {spec.tenant!r}"))
     if not spec.argv:
@@ -301,12 +319,18 @@ def check_spec(spec: TaskSpec) -> list[FieldError]:
     if not (0 <= r.gpu <= 64):
         errs.append(FieldError(t, "resources.gpu", f"must be between 0 and 64, got {r.gpu}"))
     if not (0 < spec.execution_cap_ms <= MAX_EXECUTION_CAP_MS):
-        errs.append(FieldError(t, "execution_cap_s", f"must be > 0 and at most 7 days, got {spec.execution_cap_ms / 1000}s"))
+        errs.append(
+            FieldError(t, "execution_cap_s", f"must be > 0 and at most 7 days, got {spec.execution_cap_ms / 1000}s")
+        )
     if not (0 <= spec.retry_limit <= MAX_RETRY_LIMIT):
         errs.append(FieldError(t, "retry_limit", f"must be between 0 and {MAX_RETRY_LIMIT}, got {spec.retry_limit}"))
     b = spec.backoff
     if b.initial_ms < 0 or b.max_ms < b.initial_ms:
-        errs.append(FieldError(t, "backoff", f"needs 0 <= initial_s <= max_s, got {b.initial_ms / 1000}s and {b.max_ms / 1000}s"))
+        errs.append(
+            FieldError(
+                t, "backoff", f"needs 0 <= initial_s <= max_s, got {b.initial_ms / 1000}s and {b.max_ms / 1000}s"
+            )
+        )
     if not (1.0 <= b.factor <= 100.0):
         errs.append(FieldError(t, "backoff.factor", f"must be between 1 and 100, got {b.factor}"))
     if not (0.0 <= b.jitter <= 1.0):
@@ -352,7 +376,9 @@ def check_submission(sub: Submission) -> list[FieldError]:
     for spec in sub.tasks:
         for d in spec.dependencies:
             if d not in seen:
-                errs.append(FieldError(spec.name, "dependencies", f"names {d!r}, which is not a task of this submission"))
+                errs.append(
+                    FieldError(spec.name, "dependencies", f"names {d!r}, which is not a task of this submission")
+                )
     if not errs:
         cycle = find_cycle({s.name: s.dependencies for s in sub.tasks})
         if cycle:
@@ -377,7 +403,7 @@ def find_cycle(graph: dict[str, tuple[str, ...] | list[str]]) -> list[str] | Non
                 stack[-1] = (node, i + 1)
                 nxt = deps[i]
                 if color.get(nxt, black) == grey:
-                    return path[path.index(nxt):] + [nxt]
+                    return path[path.index(nxt) :] + [nxt]
                 if color.get(nxt) == white:
                     color[nxt] = grey
                     stack.append((nxt, 0))

@@ -120,6 +120,8 @@ class GraphStore(Protocol):
 
     def query(self, cypher: str, params: dict[str, Any] | None = None) -> list[list[Any]]: ...
 
+    def query_many(self, queries: list[str], params: dict[str, Any] | None = None) -> list[list[list[Any]]]: ...
+
     def close(self) -> None: ...
 
 
@@ -163,9 +165,12 @@ class LadybugStore:
                 raise
 
     def query(self, cypher: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
+        return self.query_many([cypher], params)[0]
+
+    def query_many(self, queries: list[str], params: dict[str, Any] | None = None) -> list[list[list[Any]]]:
+        """Several reads with no write in between (the projection writes under the same lock)."""
         with self.lock:
-            res = self.conn.execute(cypher, params or {})
-            return [list(row) for row in res.get_all()]  # type: ignore[union-attr]
+            return [[list(row) for row in self.conn.execute(q, params or {}).get_all()] for q in queries]  # type: ignore[union-attr]
 
     def close(self) -> None:
         self.conn.close()
@@ -207,6 +212,13 @@ class Neo4jStore:
     def query(self, cypher: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
         records, _, _ = self.driver.execute_query(cypher, params or {}, database_=self.database)
         return [list(rec.values()) for rec in records]
+
+    def query_many(self, queries: list[str], params: dict[str, Any] | None = None) -> list[list[list[Any]]]:
+        def tx(t: Any) -> list[list[list[Any]]]:
+            return [[list(rec.values()) for rec in t.run(q, params or {})] for q in queries]
+
+        with self.driver.session(database=self.database) as s:
+            return s.execute_read(tx)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.driver.close()
@@ -271,6 +283,13 @@ class GraphQueries:
 
     def checkpoints(self) -> dict[str, int]:
         return {str(cid): int(off) for cid, off in self.store.query(READ_CHECKPOINTS)}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every node and edge with the checkpoints they reflect, read atomically."""
+        from taskstream.projections.replay import SNAPSHOT_EDGES, SNAPSHOT_NODES
+
+        nodes, edges, cps = self.store.query_many([SNAPSHOT_NODES, SNAPSHOT_EDGES, READ_CHECKPOINTS])
+        return {"nodes": nodes, "edges": edges, "checkpoints": {str(c): int(o) for c, o in cps}}
 
 
 def topological_order(nodes: list[tuple[str, str, str]], edges: list[tuple[str, str]]) -> list[str]:

@@ -23,7 +23,13 @@ log = logging.getLogger(__name__)
 def open_store(settings: Settings) -> GraphStore:
     if settings.graph_backend == "neo4j":
         return Neo4jStore(settings.neo4j_uri, settings.neo4j_user, settings.neo4j_password)
-    return LadybugStore(settings.state_dir / "graph" / "taskstream.lbug")
+    from taskstream.projections.replay import apply_graph_swap
+
+    live = settings.state_dir / "graph" / "taskstream.lbug"
+    retired = apply_graph_swap(settings, live)
+    if retired is not None:
+        log.info("swapped in the replayed graph; the previous one is kept as %s", retired)
+    return LadybugStore(live)
 
 
 def _handler(queries: GraphQueries, health: dict[str, Any]) -> type[BaseHTTPRequestHandler]:
@@ -63,6 +69,8 @@ def _handler(queries: GraphQueries, health: dict[str, Any]) -> type[BaseHTTPRequ
                         return self._send(200, queries.would_close_cycle(src, dst))
                     case ["checkpoints"]:
                         return self._send(200, queries.checkpoints())
+                    case ["snapshot"]:
+                        return self._send(200, queries.snapshot())
                 self._send(404, {"error": f"no such resource: {self.path}"})
             except Exception as exc:
                 log.exception("graph query failed")
@@ -112,6 +120,9 @@ class GraphClient:
 
     def checkpoints(self) -> dict[str, int]:
         return dict(self._get("/checkpoints"))
+
+    def snapshot(self) -> dict[str, Any]:
+        return dict(self._get("/snapshot"))
 
 
 def graph_queries(settings: Settings) -> GraphClient | GraphQueries:

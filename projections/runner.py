@@ -96,7 +96,8 @@ class ProjectionRunner:
             [TopicPartition(self.topic, p, saved.get(p, OFFSET_BEGINNING)) for p in range(self.partitions)]
         )
 
-    def poll_once(self, timeout: float = 0.2) -> int:
+    def poll_once(self, timeout: float = 0.2, until: dict[int, int] | None = None) -> int:
+        """Apply one batch. With `until` (partition -> offset), records at or past it are left alone."""
         msgs = self.consumer.consume(self.batch_size, timeout)
         if not msgs:
             return 0
@@ -106,6 +107,8 @@ class ProjectionRunner:
                 log.warning("consumer error on %s: %s", self.topic, m.error())
                 continue
             part, offset = cast(int, m.partition()), cast(int, m.offset())
+            if until is not None and offset >= until.get(part, 0):
+                continue
             batch.next_offsets[part] = offset + 1
             if self.codec is None:  # a raw topic (dead letters): the bytes and headers are the record
                 pairs = cast(list[tuple[str, bytes | None]], m.headers() or [])
@@ -155,6 +158,17 @@ class ProjectionRunner:
             self.consumer.pause(parts)
             self.stop_event.wait(idle)
             self.consumer.resume(parts)
+
+    def catch_up(self, until: dict[int, int], progress: Callable[[int], None] | None = None) -> None:
+        """Apply everything before `until` (partition -> next offset) from the stored checkpoints, then return."""
+        self._assign()
+        while True:
+            done = self.projection.checkpoints(self.topic)
+            if all(done.get(p, 0) >= off for p, off in until.items() if off > 0):
+                return
+            n = self.poll_once(0.5, until)
+            if progress and n:
+                progress(n)
 
     def stop(self) -> None:
         self.stop_event.set()

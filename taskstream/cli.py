@@ -507,6 +507,97 @@ def tail(
         c.close()
 
 
+# ---- replay --------------------------------------------------------------------------------------------
+
+
+@app.command()
+def replay(
+    verify: Annotated[bool, typer.Option("--verify", help="exit 1, naming the first difference, on mismatch")] = False,
+    swap: Annotated[bool, typer.Option("--swap", help="then make the rebuilt projections the live ones")] = False,
+) -> None:
+    """Rebuild both projections from offset 0 into fresh stores beside the live ones and compare them by
+    checksum at the same log positions; optionally swap them in."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from taskstream import supervisor as sup
+    from taskstream.projections import replay as rp
+    from taskstream.projections.graph_service import GraphClient
+
+    s = settings()
+    try:
+        live_pg = rp.live_pg_snapshot(s.dsn)
+    except Exception as exc:
+        fail(f"cannot read the live PostgreSQL projection (is the stack up?): {exc}")
+    with_graph = s.graph_backend == "ladybug"
+    live_graph = None
+    if with_graph:
+        try:
+            g = GraphClient(s.graph_url).snapshot()
+        except OSError as exc:
+            fail(f"cannot reach the graph service for its snapshot: {exc}")
+        live_graph = rp.graph_rows(g["nodes"], g["edges"], g["checkpoints"], s.topic("events"))
+    else:
+        err.print("[yellow]the Neo4j graph is not replayed by this version; PostgreSQL only[/]")
+    total = sum(sum(v.values()) for v in live_pg.checkpoints.values())
+    total += sum(live_graph.checkpoints["graph"].values()) if live_graph else 0
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
+        bar = progress.add_task("replaying", total=total or None)
+
+        def advance(n: int) -> None:
+            progress.advance(bar, n)
+
+        progress.update(bar, description="replaying into PostgreSQL (schema replay)")
+        new_pg = rp.replay_pg(s, live_pg.checkpoints, advance)
+        new_graph = None
+        if live_graph is not None:
+            progress.update(bar, description="replaying into the graph (replay.lbug)")
+            new_graph = rp.replay_graph(s, live_graph.checkpoints["graph"], advance)
+    t = Table(title="replay against live, at the same offsets")
+    for col in ("projection", "rows", "live checksum", "replay checksum", "result"):
+        t.add_column(col)
+    problems = []
+    for name, live, new in (("postgres", live_pg, new_pg), ("graph", live_graph, new_graph)):
+        if live is None or new is None:
+            continue
+        diff = rp.first_difference(live, new)
+        t.add_row(
+            name,
+            str(len(new.rows)),
+            live.checksum[:16],
+            new.checksum[:16],
+            "[green]identical[/]" if diff is None else "[red]DIFFERENT[/]",
+        )
+        if diff:
+            problems.append(f"{name}: first difference: {diff}")
+    console.print(t)
+    for p in problems:
+        err.print(p)
+    if swap:
+        st = sup.read_status(s) or {}
+        services = st.get("services", {})
+        retired = rp.swap_pg(s)
+        _restart(services.get("pg-projector"))
+        console.print(f"PostgreSQL: the replayed tables are live; the previous ones are kept in schema {retired}")
+        if new_graph is not None:
+            rp.swap_request_path(s).write_text("replay.lbug")
+            _restart(services.get("graph"))
+            console.print("graph: the replayed graph is swapped in as the graph service restarts")
+        if not services:
+            err.print("[yellow]no supervisor found: restart the projector and graph processes yourself[/]")
+    if problems and verify:
+        raise typer.Exit(1)
+
+
+def _restart(service: dict[str, Any] | None) -> None:
+    """Stop a supervised service; the supervisor starts it again (with the swapped-in store)."""
+    from taskstream import supervisor as sup
+
+    if service and service.get("pid") and sup.pid_alive(service["pid"]):
+        os.kill(service["pid"], signal.SIGTERM)
+
+
 @app.command()
 def bootstrap() -> None:
     """Create topics, register schemas and migrate PostgreSQL on external servers (idempotent).

@@ -238,8 +238,11 @@ def test_undecodable_commands_go_to_the_dead_letter_topic_and_nothing_stalls(sta
 
     def projected() -> list[Any]:
         with psycopg.connect(s.dsn, autocommit=True) as conn:
-            return conn.execute("SELECT source_topic, detected_by, reason, value FROM dead_letters WHERE key = %s "
-                                "ORDER BY source_offset", (marker,)).fetchall()
+            return conn.execute(
+                "SELECT source_topic, detected_by, reason, value FROM dead_letters WHERE key = %s "
+                "ORDER BY source_offset",
+                (marker,),
+            ).fetchall()
 
     dl = wait_until(lambda: len(projected()) == 2 and projected(), 60, "dead letters in PostgreSQL")
     assert {(t, by) for t, by, _, _ in dl} == {(s.topic("commands"), "admission")}

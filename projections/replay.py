@@ -1,0 +1,199 @@
+"""Rebuild the projections from offset 0 into fresh stores beside the live ones, verify them against the
+live ones at the same offsets, and swap them in on request.
+
+Live and replay are compared at the same log positions: a live snapshot is taken atomically with its
+checkpoints (a REPEATABLE READ transaction in PostgreSQL; under the store lock in the graph process),
+and the replay is run to exactly those checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from taskstream.connectors import kafka as k
+from taskstream.projections.graph import GraphProjection, LadybugStore
+from taskstream.projections.lag import graph_checkpoints
+from taskstream.projections.migrate import migrate
+from taskstream.projections.pg import PgProjection
+from taskstream.projections.runner import ProjectionRunner
+
+from taskstream.settings import Settings
+
+REPLAY_SCHEMA = "replay"
+# Tables compared row by row, with the key that orders them. Checkpoint and migration bookkeeping
+# carry wall-clock times and are not part of the read model.
+PG_TABLES = {
+    "tasks": "task_id",
+    "attempts": "task_id, attempt",
+    "submissions": "submission_id",
+    "tenants": "tenant",
+    "workers": "worker_id",
+    "dead_letters": 'topic, partition, "offset"',
+}
+PG_PROJECTIONS = (("pg", "events", True), ("pg-dead-letters", "dead-letters", False))
+
+
+class ReplayError(RuntimeError):
+    pass
+
+
+@dataclass
+class Snapshot:
+    """Rows as (table, key, digest) in a fixed order, plus the offsets they reflect."""
+
+    rows: list[tuple[str, str, str]]
+    checkpoints: dict[str, dict[int, int]]  # projection name -> partition -> next offset
+
+    @property
+    def checksum(self) -> str:
+        h = hashlib.sha256()
+        for row in self.rows:
+            h.update("\x1f".join(row).encode())
+            h.update(b"\x1e")
+        return h.hexdigest()
+
+
+def first_difference(live: Snapshot, replay: Snapshot) -> str | None:
+    a, b = live.rows, replay.rows
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            if x[:2] == y[:2]:
+                return f"{x[0]} row {x[1]}: live and replayed contents differ"
+            return f"{x[0]} row {x[1]} (live) vs {y[0]} row {y[1]} (replay): a row is missing on one side"
+    if len(a) != len(b):
+        longer, side = (a, "live") if len(a) > len(b) else (b, "replay")
+        extra = longer[min(len(a), len(b))]
+        return f"{extra[0]} row {extra[1]} exists only in the {side} projection"
+    return None
+
+
+# ---- PostgreSQL ------------------------------------------------------------------------------------
+
+
+def schema_dsn(dsn: str, schema: str) -> str:
+    return f"{dsn} options='-c search_path={schema}'"
+
+
+def pg_snapshot(conn: psycopg.Connection[Any], schema: str) -> Snapshot:
+    rows: list[tuple[str, str, str]] = []
+    for table, key in PG_TABLES.items():
+        keys = ", ".join(f"t.{c.strip()}" for c in key.split(","))
+        for kval, digest in conn.execute(
+            f"SELECT concat_ws('/', {keys}), md5(row_to_json(t)::text) FROM {schema}.{table} t ORDER BY {key}"  # noqa: S608
+        ):
+            rows.append((table, kval, digest))
+    cps: dict[str, dict[int, int]] = {}
+    for proj, _topic, p, o in conn.execute(
+        f"SELECT projection, topic, partition, next_offset FROM {schema}.projection_checkpoints"
+    ):  # noqa: S608
+        cps.setdefault(proj, {})[int(p)] = int(o)
+    return Snapshot(rows, cps)
+
+
+def live_pg_snapshot(dsn: str) -> Snapshot:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        snap = pg_snapshot(conn, "public")
+        conn.rollback()
+    return snap
+
+
+def replay_pg(settings: Settings, targets: dict[str, dict[int, int]], progress: Callable[[int], None]) -> Snapshot:
+    with psycopg.connect(settings.dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {REPLAY_SCHEMA} CASCADE")
+        conn.execute(f"CREATE SCHEMA {REPLAY_SCHEMA}")
+    rdsn = schema_dsn(settings.dsn, REPLAY_SCHEMA)
+    migrate(rdsn)
+    codec = k.make_codec(settings, retries=5)
+    for name, topic_key, decode in PG_PROJECTIONS:
+        proj = PgProjection(rdsn, projection=name)
+        consumer = k.consumer(settings, group=f"taskstream-replay-{name}")
+        try:
+            runner = ProjectionRunner(
+                proj, consumer, codec if decode else None, settings.topic(topic_key), settings.partitions
+            )
+            runner.catch_up(targets.get(name, {}), progress)
+        finally:
+            consumer.close()
+            proj.close()
+    with psycopg.connect(rdsn) as conn:
+        return pg_snapshot(conn, REPLAY_SCHEMA)
+
+
+def swap_pg(settings: Settings) -> str:
+    """Make the replayed schema the live one; the old one is kept, renamed. Returns its name."""
+    retired = f"retired_{int(time.time())}"
+    with psycopg.connect(settings.dsn) as conn, conn.transaction():
+        # Wait out (and hold off) the live projector's transaction so the rename happens between batches.
+        conn.execute("LOCK TABLE public.projection_checkpoints IN ACCESS EXCLUSIVE MODE")
+        conn.execute(f"ALTER SCHEMA public RENAME TO {retired}")
+        conn.execute(f"ALTER SCHEMA {REPLAY_SCHEMA} RENAME TO public")
+    return retired
+
+
+# ---- graph (Ladybug) -------------------------------------------------------------------------------
+
+
+def graph_rows(nodes: list[list[Any]], edges: list[list[Any]], checkpoints: dict[str, int], topic: str) -> Snapshot:
+    rows = [("Task", str(n[0]), hashlib.md5(json.dumps(n, default=str).encode()).hexdigest()) for n in nodes]  # noqa: S324
+    rows += [("DEPENDS_ON", f"{a}->{b}", "") for a, b in edges]
+    return Snapshot(rows, {"graph": graph_checkpoints(checkpoints, topic)})
+
+
+SNAPSHOT_NODES = "MATCH (t:Task) RETURN t.id, t.name, t.tenant, t.submission_id, t.status, t.version ORDER BY t.id"
+SNAPSHOT_EDGES = "MATCH (a:Task)-[:DEPENDS_ON]->(b:Task) RETURN a.id, b.id ORDER BY a.id, b.id"
+
+
+def replay_graph_path(settings: Settings) -> Path:
+    return settings.state_dir / "graph" / "replay.lbug"
+
+
+def replay_graph(settings: Settings, targets: dict[int, int], progress: Callable[[int], None]) -> Snapshot:
+    path = replay_graph_path(settings)
+    for old in path.parent.glob(path.name + "*"):
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    store = LadybugStore(path)
+    proj = GraphProjection(store)
+    consumer = k.consumer(settings, group="taskstream-replay-graph")
+    try:
+        runner = ProjectionRunner(
+            proj, consumer, k.make_codec(settings, retries=5), settings.topic("events"), settings.partitions
+        )
+        runner.catch_up(targets, progress)
+        return graph_rows(
+            store.query(SNAPSHOT_NODES),
+            store.query(SNAPSHOT_EDGES),
+            dict(store.query("MATCH (c:ProjectionCheckpoint) RETURN c.id, c.next_offset")),
+            settings.topic("events"),
+        )
+    finally:
+        consumer.close()
+        store.close()
+
+
+def swap_request_path(settings: Settings) -> Path:
+    return settings.state_dir / "graph" / "swap-request"
+
+
+def apply_graph_swap(settings: Settings, live: Path) -> Path | None:
+    """Called by the graph process before it opens its store: if a swap was requested, move the live
+    files aside and the replayed ones in. Returns where the old files went."""
+    req = swap_request_path(settings)
+    if not req.exists():
+        return None
+    replay = replay_graph_path(settings)
+    retired = live.with_name(f"retired-{int(time.time())}.lbug")
+    for f in sorted(live.parent.glob(live.name + "*")):
+        f.rename(retired.with_name(retired.name + f.name[len(live.name) :]))
+    for f in sorted(replay.parent.glob(replay.name + "*")):
+        f.rename(live.with_name(live.name + f.name[len(replay.name) :]))
+    req.unlink()
+    return retired

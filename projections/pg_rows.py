@@ -1,12 +1,17 @@
-"""Pure mapping from one event to the SQL that projects it into the PostgreSQL read model.
+"""Pure mapping from a batch of events to the rows the PostgreSQL read model needs.
 
-Every task statement is guarded by the task's version (`version < new`), so applying an event twice,
-or an older one after a newer, changes nothing. The writer (pg.py) adds the checkpoint.
+A batch is folded per task: one new row per TaskSubmitted, one patch per task holding the last value of
+every column its events set (with the highest version), one upsert per (task, attempt) and one patch per
+claim. The writer (pg.py) applies these set-based. Every task patch is guarded by the task's version
+(`version < new`), inserts are ON CONFLICT DO NOTHING, and events at or below a version already folded
+are skipped, so applying an event twice, or an older one after a newer, changes nothing.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,62 +19,184 @@ from taskstream.schemas import records as r
 
 from taskstream.core import events as e
 
-Statement = tuple[str, tuple[Any, ...]]
+# Columns a task patch may set, each with its bit in the patch's mask.
+TASK_PATCH_COLS = (
+    "status", "reason", "attempt", "worker", "exit_code", "priority",
+    "admitted_at", "ready_at", "queued_at", "claimed_at", "started_at", "finished_at",
+)  # fmt: skip
+ATTEMPT_UPSERT_COLS = ("queued_at", "worker", "claim_id", "claimed_at")
+ATTEMPT_PATCH_COLS = ("started_at", "pid", "ended_at", "exit_code", "duration_ms", "output_tail", "outcome", "reason")
 
 
 def ts(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
 
 
-_INSERT_TASK = """
-INSERT INTO tasks (task_id, submission_id, name, tenant, status, version, argv, env, working_dir, cpu, memory_mb,
-    gpu, execution_cap_ms, retry_limit, backoff, delay_tolerance_ms, priority, dependencies, not_before, labels,
-    submitted_at, updated_at)
-VALUES (%s, %s, %s, %s, 'SUBMITTED', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT (task_id) DO NOTHING"""
+@dataclass
+class Patch:
+    version: int
+    at: datetime | None
+    cols: dict[str, Any] = field(default_factory=dict)
+
+    def mask(self, names: tuple[str, ...]) -> int:
+        return sum(1 << i for i, n in enumerate(names) if n in self.cols)
+
+    def row(self, names: tuple[str, ...]) -> list[Any]:
+        return [self.cols.get(n) for n in names]
 
 
-_TENANT_SEEN = (
-    "INSERT INTO tenants (tenant, first_seen, last_submission) VALUES (%s, %s, %s) ON CONFLICT (tenant) "
-    "DO UPDATE SET first_seen = least(tenants.first_seen, EXCLUDED.first_seen), "
-    "last_submission = greatest(tenants.last_submission, EXCLUDED.last_submission)"
-)
-# Order-independent (least/greatest), so a replay in another partition interleaving gives the same row.
-_WORKER_SEEN = (
-    "INSERT INTO workers (worker_id, first_seen, last_seen) VALUES (%s, %s, %s) "
-    "ON CONFLICT (worker_id) DO UPDATE SET first_seen = least(workers.first_seen, EXCLUDED.first_seen), "
-    "last_seen = greatest(workers.last_seen, EXCLUDED.last_seen)"
-)
+@dataclass
+class PgWrites:
+    submissions: list[tuple[Any, ...]] = field(default_factory=list)
+    new_tasks: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    task_patches: dict[str, Patch] = field(default_factory=dict)
+    attempt_upserts: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    attempt_patches: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    tenants: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
+    workers: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
 
 
-def _set(task_id: str, version: int, at: datetime | None, **cols: Any) -> Statement:
-    names = list(cols)
-    assignments = ", ".join(f"{n} = %s" for n in names)
-    sql = f"UPDATE tasks SET {assignments}, version = %s, updated_at = %s WHERE task_id = %s AND version < %s"
-    return sql, (*cols.values(), version, at, task_id, version)
+def _seen(d: dict[str, tuple[datetime, datetime]], key: str, at: datetime) -> None:
+    first, last = d.get(key, (at, at))
+    d[key] = (min(first, at), max(last, at))
 
 
-def _attempt(task_id: str, attempt: int, **cols: Any) -> Statement:
-    names = list(cols)
-    values = ", ".join(["%s"] * len(names))
-    sql = (
-        f"INSERT INTO attempts (task_id, attempt, {', '.join(names)}) VALUES (%s, %s, {values}) "
-        f"ON CONFLICT (task_id, attempt) DO UPDATE SET {', '.join(f'{n} = EXCLUDED.{n}' for n in names)}"
-    )
-    return sql, (task_id, attempt, *cols.values())
+def _task_row(tid: str, rec: r.EventRecord, p: e.TaskSubmitted, at: datetime | None) -> tuple[Any, ...]:
+    s = p.spec
+    bo = {"initial_ms": s.backoff.initial_ms, "factor": s.backoff.factor, "max_ms": s.backoff.max_ms,
+          "jitter": s.backoff.jitter}  # fmt: skip
+    return (
+        tid, p.submission_id, s.name, s.tenant, "SUBMITTED", rec.version, list(s.argv), json.dumps(s.env),
+        s.working_dir, s.resources.cpu, s.resources.memory_mb, s.resources.gpu, s.execution_cap_ms, s.retry_limit,
+        json.dumps(bo), s.delay_tolerance_ms, s.priority, list(s.dependencies), ts(s.not_before_ms),
+        json.dumps(s.labels), at, at,
+    )  # fmt: skip
 
 
-def _current_attempt(task_id: str, **cols: Any) -> Statement:
-    """Update the task's current attempt row (the attempt number lives on the task row)."""
-    names = list(cols)
-    sql = (
-        f"UPDATE attempts SET {', '.join(f'{n} = %s' for n in names)} "
-        f"WHERE task_id = %s AND attempt = (SELECT attempt FROM tasks WHERE task_id = %s)"
-    )
-    return sql, (*cols.values(), task_id, task_id)
+NEW_TASK_COLS = (
+    "task_id", "submission_id", "name", "tenant", "status", "version", "argv", "env", "working_dir", "cpu",
+    "memory_mb", "gpu", "execution_cap_ms", "retry_limit", "backoff", "delay_tolerance_ms", "priority",
+    "dependencies", "not_before", "labels", "submitted_at", "updated_at",
+)  # fmt: skip
 
 
-def dead_letter_statement(
+def _changes(
+    p: Any, at: datetime | None
+) -> tuple[dict[str, Any], tuple[int, dict[str, Any]] | None, tuple[str, dict[str, Any]] | None]:
+    """(task columns, attempt upsert by number, attempt patch by claim id) for one lifecycle event."""
+    match p:
+        case e.TaskAdmitted():
+            return {"status": "WAITING", "admitted_at": at}, None, None
+        case e.TaskRejected(reason=why):
+            return {"status": "REJECTED", "reason": why, "finished_at": at}, None, None
+        case e.TaskReady(reason=why):
+            return {"status": "READY", "reason": why, "ready_at": at, "worker": None}, None, None
+        case e.TaskQueued(attempt=n):
+            return {"status": "QUEUED", "attempt": n, "queued_at": at}, (n, {"queued_at": at}), None
+        case e.TaskClaimed(attempt=n, worker=w, claim_id=cid):
+            return (
+                {"status": "CLAIMED", "worker": w, "claimed_at": at},
+                (n, {"worker": w, "claim_id": cid, "claimed_at": at}),
+                None,
+            )
+        case e.TaskStarted(claim_id=cid, pid=pid):
+            return {"status": "RUNNING", "started_at": at}, None, (cid, {"started_at": at, "pid": pid})
+        case e.TaskSucceeded(claim_id=cid):
+            return (
+                {"status": "SUCCEEDED", "exit_code": p.exit_code, "reason": "", "finished_at": at},
+                None,
+                (
+                    cid,
+                    {
+                        "ended_at": at,
+                        "exit_code": p.exit_code,
+                        "duration_ms": p.duration_ms,
+                        "output_tail": p.output_tail,
+                        "outcome": "SUCCEEDED",
+                    },
+                ),
+            )
+        case e.TaskFailed(claim_id=cid):
+            return (
+                {"exit_code": p.exit_code, "reason": p.reason},
+                None,
+                (
+                    cid,
+                    {
+                        "ended_at": at,
+                        "exit_code": p.exit_code,
+                        "duration_ms": p.duration_ms,
+                        "output_tail": p.output_tail,
+                        "outcome": "FAILED",
+                        "reason": p.reason,
+                    },
+                ),
+            )
+        case e.TaskTimedOut(claim_id=cid):
+            return {}, None, (cid, {"outcome": "TIMED_OUT", "reason": f"over its cap of {p.cap_ms} ms"})
+        case e.TaskRetryScheduled():
+            return {"status": "RETRY_WAIT", "worker": None}, None, None
+        case e.TaskDeadLettered(reason=why):
+            return {"status": "DEAD_LETTERED", "reason": why, "finished_at": at}, None, None
+        case e.TaskCancelled(reason=why):
+            return {"status": "CANCELLED", "reason": why, "finished_at": at}, None, None
+        case e.TaskReprioritized(new_priority=prio):
+            return {"priority": prio}, None, None
+        case e.TaskHeartbeat() | e.ClaimRejected() | e.CompletionRejected():
+            return {}, None, None
+    raise TypeError(f"no projection for {type(p).__name__}")
+
+
+def fold(records: Iterable[r.EventRecord]) -> PgWrites:
+    w = PgWrites()
+    folded: dict[str, int] = {}  # task id -> highest version folded in this batch
+    for rec in records:
+        p = rec.payload
+        at = ts(rec.event_ms)
+        if isinstance(p, r.SubmissionAccepted):
+            w.submissions.append(
+                (
+                    rec.submission_id,
+                    p.tenant,
+                    p.idempotency_key,
+                    p.command_id,
+                    "ACCEPTED",
+                    json.dumps(p.task_ids),
+                    "[]",
+                    at,
+                )
+            )
+            continue
+        if isinstance(p, r.SubmissionRejected):
+            errs = [{"task": x.task, "field": x.field, "reason": x.reason} for x in p.errors]
+            w.submissions.append(
+                (rec.submission_id, p.tenant, None, p.command_id, "REJECTED", "{}", json.dumps(errs), at)
+            )
+            continue
+        tid = rec.task_id
+        assert tid is not None, f"task event {rec.event_id} without a task id"
+        if rec.version <= folded.get(tid, 0):
+            continue  # a duplicate delivery within the batch
+        folded[tid] = rec.version
+        if isinstance(p, e.TaskSubmitted):
+            w.new_tasks.setdefault(tid, _task_row(tid, rec, p, at))
+            assert at is not None
+            _seen(w.tenants, p.spec.tenant, at)
+            continue
+        cols, upsert, claim_patch = _changes(p, at)
+        patch = w.task_patches.setdefault(tid, Patch(rec.version, at))
+        patch.version, patch.at = rec.version, at
+        patch.cols.update(cols)
+        if upsert is not None:
+            w.attempt_upserts.setdefault((tid, upsert[0]), {}).update(upsert[1])
+            if "worker" in upsert[1] and at is not None:
+                _seen(w.workers, upsert[1]["worker"], at)
+        if claim_patch is not None:
+            w.attempt_patches.setdefault((tid, claim_patch[0]), {}).update(claim_patch[1])
+    return w
+
+
+def dead_letter_row(
     topic: str,
     partition: int,
     offset: int,
@@ -77,144 +204,13 @@ def dead_letter_statement(
     key: bytes | None,
     value: bytes | None,
     headers: dict[str, str],
-) -> Statement:
+) -> tuple[Any, ...]:
     src_part = headers.get("taskstream.source.partition")
     src_off = headers.get("taskstream.source.offset")
     return (
-        'INSERT INTO dead_letters (topic, partition, "offset", source_topic, source_partition, source_offset, '
-        "detected_by, reason, key, value, logged_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-        "ON CONFLICT DO NOTHING",
-        (
-            topic,
-            partition,
-            offset,
-            headers.get("taskstream.source.topic"),
-            int(src_part) if src_part and src_part.lstrip("-").isdigit() else None,
-            int(src_off) if src_off and src_off.lstrip("-").isdigit() else None,
-            headers.get("taskstream.detected.by"),
-            headers.get("taskstream.error", "(no reason given)"),
-            key,
-            value,
-            ts(log_ms),
-        ),
-    )
-
-
-def statements(rec: r.EventRecord) -> list[Statement]:
-    p = rec.payload
-    at = ts(rec.event_ms)
-    tid = rec.task_id
-    v = rec.version
-    match p:
-        case r.SubmissionAccepted():
-            return [
-                (
-                    "INSERT INTO submissions (submission_id, tenant, idempotency_key, command_id, outcome, task_ids,"
-                    " decided_at) VALUES (%s, %s, %s, %s, 'ACCEPTED', %s, %s) ON CONFLICT DO NOTHING",
-                    (rec.submission_id, p.tenant, p.idempotency_key, p.command_id, json.dumps(p.task_ids), at),
-                )
-            ]
-        case r.SubmissionRejected():
-            errs = [{"task": x.task, "field": x.field, "reason": x.reason} for x in p.errors]
-            return [
-                (
-                    "INSERT INTO submissions (submission_id, tenant, command_id, outcome, errors, decided_at)"
-                    " VALUES (%s, %s, %s, 'REJECTED', %s, %s) ON CONFLICT DO NOTHING",
-                    (rec.submission_id, p.tenant, p.command_id, json.dumps(errs), at),
-                )
-            ]
-    assert tid is not None, f"task event {rec.event_id} without a task id"
-    match p:
-        case e.TaskSubmitted(spec=s):
-            bo = {
-                "initial_ms": s.backoff.initial_ms,
-                "factor": s.backoff.factor,
-                "max_ms": s.backoff.max_ms,
-                "jitter": s.backoff.jitter,
-            }
-            return [
-                (_TENANT_SEEN, (s.tenant, at, at)),
-                (
-                    _INSERT_TASK,
-                    (
-                        tid,
-                        p.submission_id,
-                        s.name,
-                        s.tenant,
-                        v,
-                        list(s.argv),
-                        json.dumps(s.env),
-                        s.working_dir,
-                        s.resources.cpu,
-                        s.resources.memory_mb,
-                        s.resources.gpu,
-                        s.execution_cap_ms,
-                        s.retry_limit,
-                        json.dumps(bo),
-                        s.delay_tolerance_ms,
-                        s.priority,
-                        list(s.dependencies),
-                        ts(s.not_before_ms),
-                        json.dumps(s.labels),
-                        at,
-                        at,
-                    ),
-                ),
-            ]
-        case e.TaskAdmitted():
-            return [_set(tid, v, at, status="WAITING", admitted_at=at)]
-        case e.TaskRejected(reason=why):
-            return [_set(tid, v, at, status="REJECTED", reason=why, finished_at=at)]
-        case e.TaskReady(reason=why):
-            return [_set(tid, v, at, status="READY", reason=why, ready_at=at, worker=None)]
-        case e.TaskQueued(attempt=n):
-            return [_set(tid, v, at, status="QUEUED", attempt=n, queued_at=at), _attempt(tid, n, queued_at=at)]
-        case e.TaskClaimed(attempt=n, worker=w, claim_id=cid):
-            return [
-                _set(tid, v, at, status="CLAIMED", worker=w, claimed_at=at),
-                _attempt(tid, n, worker=w, claim_id=cid, claimed_at=at),
-                (_WORKER_SEEN, (w, at, at)),
-            ]
-        case e.TaskStarted(pid=pid):
-            return [_current_attempt(tid, started_at=at, pid=pid), _set(tid, v, at, status="RUNNING", started_at=at)]
-        case e.TaskSucceeded():
-            return [
-                _current_attempt(
-                    tid,
-                    ended_at=at,
-                    exit_code=p.exit_code,
-                    duration_ms=p.duration_ms,
-                    output_tail=p.output_tail,
-                    outcome="SUCCEEDED",
-                ),
-                _set(tid, v, at, status="SUCCEEDED", exit_code=p.exit_code, reason="", finished_at=at),
-            ]
-        case e.TaskFailed():
-            return [
-                _current_attempt(
-                    tid,
-                    ended_at=at,
-                    exit_code=p.exit_code,
-                    duration_ms=p.duration_ms,
-                    output_tail=p.output_tail,
-                    outcome="FAILED",
-                    reason=p.reason,
-                ),
-                _set(tid, v, at, exit_code=p.exit_code, reason=p.reason),
-            ]
-        case e.TaskTimedOut():
-            return [
-                _current_attempt(tid, outcome="TIMED_OUT", reason=f"over its cap of {p.cap_ms} ms"),
-                _set(tid, v, at),
-            ]
-        case e.TaskRetryScheduled():
-            return [_set(tid, v, at, status="RETRY_WAIT", worker=None)]
-        case e.TaskDeadLettered(reason=why):
-            return [_set(tid, v, at, status="DEAD_LETTERED", reason=why, finished_at=at)]
-        case e.TaskCancelled(reason=why):
-            return [_set(tid, v, at, status="CANCELLED", reason=why, finished_at=at)]
-        case e.TaskReprioritized(new_priority=prio):
-            return [_set(tid, v, at, priority=prio)]
-        case e.TaskHeartbeat() | e.ClaimRejected() | e.CompletionRejected():
-            return [_set(tid, v, at)]
-    raise TypeError(f"no projection for {type(p).__name__}")
+        topic, partition, offset, headers.get("taskstream.source.topic"),
+        int(src_part) if src_part and src_part.lstrip("-").isdigit() else None,
+        int(src_off) if src_off and src_off.lstrip("-").isdigit() else None,
+        headers.get("taskstream.detected.by"), headers.get("taskstream.error", "(no reason given)"),
+        key, value, ts(log_ms),
+    )  # fmt: skip

@@ -20,11 +20,15 @@ def test_replay_verifies_detects_tampering_and_swaps_in_the_rebuilt_projections(
     wait_until(verified, 60, "a replay identical to the live projections", every=1.0)
 
     with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
-        (tid,) = conn.execute("UPDATE tasks SET reason = 'tampered' WHERE task_id = "
-                              "(SELECT task_id FROM tasks ORDER BY task_id LIMIT 1) RETURNING task_id::text").fetchone()
+        (tid,) = conn.execute(
+            "UPDATE tasks SET reason = 'tampered' WHERE task_id = "
+            "(SELECT task_id FROM tasks ORDER BY task_id LIMIT 1) RETURNING task_id::text"
+        ).fetchone()
     out = stack.cli("replay", "--verify", check=False)
     assert out.returncode == 1
-    assert f"postgres: first difference: tasks row {tid}: live and replayed contents differ" in " ".join(out.stderr.split())
+    assert f"postgres: first difference: tasks row {tid}: live and replayed contents differ" in " ".join(
+        out.stderr.split()
+    )
     assert "DIFFERENT" in out.stdout
 
     out = stack.cli("replay", "--swap")

@@ -175,6 +175,27 @@ def test_an_outside_program_submits_a_dag_that_runs_in_dependency_order(stack: S
         str(done[n]["task_id"]) for n in ("root", "left", "middle", "right", "join")
     )
 
+    # the same questions through the CLI
+    order = json.loads(stack.cli("graph", "order", sid, "--json").stdout)
+    position = {by_id[t]: i for i, t in enumerate(order)}
+    assert all(position[d] < position[n] for n, deps in DIAMOND.items() for d in deps)
+    unblocked = json.loads(stack.cli("graph", "unblocked", str(done["join"]["task_id"]), "--json").stdout)
+    assert sorted(by_id[t] for t in unblocked) == ["leaf-a", "leaf-b"]
+    cycle = stack.cli("graph", "would-cycle", root, str(done["leaf-b"]["task_id"]), check=False)
+    assert cycle.returncode == 1 and "closes a cycle" in cycle.stdout
+    path = json.loads(
+        stack.cli("graph", "would-cycle", root, str(done["leaf-b"]["task_id"]), "--json", check=False).stdout
+    )["cycle"]
+    names = [by_id[t] for t in path]
+    assert names[:3] == ["root", "leaf-b", "join"] and names[3] in ("left", "middle", "right") and names[4:] == ["root"]
+    fine = stack.cli("graph", "would-cycle", str(done["leaf-a"]["task_id"]), str(done["leaf-b"]["task_id"]))
+    assert "no cycle" in fine.stdout
+
+    # and the raw stream, as `taskstream tail` shows it to people writing consumers
+    tail = stack.cli("tail", "--from-beginning", "--count", "5", "--json", timeout=60)
+    rows = [json.loads(line) for line in tail.stdout.splitlines()]
+    assert len(rows) == 5 and all({"event", "event_time", "log_time", "node"} <= set(r) for r in rows)
+
 
 def test_a_failed_task_dead_letters_and_its_dependents_end_cancelled(stack: Stack) -> None:
     tasks = [

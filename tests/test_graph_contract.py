@@ -166,7 +166,9 @@ def test_topological_order_and_cycle_checks_match_python(
 
 @settings(max_examples=15, deadline=None)
 @given(random_dags(), st.data())
-def test_bulk_replay_loads_the_same_graph_as_incremental_projection(dag: dict[str, list[str]], data: st.DataObject) -> None:
+def test_bulk_replay_loads_the_same_graph_as_incremental_projection(
+    dag: dict[str, list[str]], data: st.DataObject
+) -> None:
     """Replay's bulk loader (COPY) and the live, MERGE-based writer agree row for row."""
     import tempfile
     from pathlib import Path

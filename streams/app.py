@@ -77,13 +77,13 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     @app.agent(commands, name="admission")
     async def admission(stream: Any) -> None:
         async for event in stream.events():
-            await handle_command(ctx(), _Msg(event))
+            await _guarded(ctx(), _Msg(event), "admission", handle_command(ctx(), _Msg(event)))
 
     @app.agent(owned, name="lifecycle")
     async def lifecycle_agent(stream: Any) -> None:
         events_topic = s.topic("events")
         async for event in stream.events():
-            await lifecycle().on_message(_Msg(event), events_topic)
+            await _guarded(ctx(), _Msg(event), "lifecycle", lifecycle().on_message(_Msg(event), events_topic))
 
     worker_id = node
     waiter_holder: dict[str, ClaimWaiter] = {}
@@ -103,7 +103,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             except DecodeError as err:
                 await ctx().dead_letter(_Msg(event), err.reason, "executor")
                 continue
-            await Executor(ctx(), worker_id, waiter_holder["w"]).handle(qt)
+            await _guarded(ctx(), _Msg(event), "executor", Executor(ctx(), worker_id, waiter_holder["w"]).handle(qt))
 
     sent: dict[bytes, int] = {}
 
@@ -139,6 +139,17 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         log.info("worker %s ready", node)
 
     return app
+
+
+async def _guarded(ctx: Context, msg: Any, agent: str, handling: Any) -> None:
+    """Run one message's handler. A bug that raises on this message must neither kill the agent nor stall
+    the partition nor vanish: the message goes to the dead-letter topic with the error, and the agent
+    moves on. (Broker errors never reach here: sends retry until they succeed.)"""
+    try:
+        await handling
+    except Exception as exc:
+        log.exception("%s could not handle %s[%s]@%s", agent, msg.topic, msg.partition, msg.offset)
+        await ctx.dead_letter(msg, f"{agent} failed on this record: {type(exc).__name__}: {exc}", agent)
 
 
 class _Msg:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka.errors import KafkaError
 from taskstream.schemas.codec import Codec
 from taskstream.schemas.records import EventRecord, InputRecord
 
 from taskstream.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def unit_random(*parts: object) -> float:
@@ -51,10 +56,24 @@ class Context:
         return InputRecord(input_id=input_id, task_id=task_id, sent_ms=at_ms, sender=self.node, body=body)
 
     async def send_all(self, sends: list[tuple[Any, str, Any]]) -> None:
-        """Send (topic, key, record) tuples and wait until every one is durable."""
-        futures = [await topic.send(key=key.encode(), value=self.codec.encode(rec)) for topic, key, rec in sends]
-        for fut in futures:
-            await fut
+        """Send (topic, key, record) tuples and wait until every one is durable.
+
+        A failed send is retried, with backoff, until it succeeds: the input that caused it is not
+        acknowledged meanwhile, so nothing is lost and the partition waits rather than skips. Resending
+        is safe because every record has a deterministic id that readers deduplicate.
+        """
+        encoded = [(topic, key.encode(), self.codec.encode(rec)) for topic, key, rec in sends]
+        delay = 0.1
+        while True:
+            try:
+                futures = [await topic.send(key=key, value=value) for topic, key, value in encoded]
+                for fut in futures:
+                    await fut
+                return
+            except (KafkaError, OSError) as exc:
+                log.warning("send failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def dead_letter(self, message: Any, reason: str, detected_by: str) -> None:
         headers = [

@@ -64,7 +64,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     def ctx() -> Context:
         if "ctx" not in holder:
-            holder["ctx"] = Context(s, make_codec(s), node, events, inputs, queue, dead)
+            holder["ctx"] = Context(s, make_codec(s), node, events, inputs, queue, dead, app.producer)
         return holder["ctx"]
 
     lifecycle_holder: dict[str, Lifecycle] = {}

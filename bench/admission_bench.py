@@ -1,0 +1,141 @@
+"""Benchmark: admission of one random 10,000-task DAG (about 3 dependencies each, some fan-in).
+
+Starts its own embedded stack, submits the DAG through the SDK (Avro on the commands topic), and
+measures from the moment the command is durable:
+  - the admission decision: SubmissionAccepted read from the events topic;
+  - the projections: every task row in PostgreSQL, and every node and edge in the graph.
+Tasks start a day later, so nothing runs during the measurement. Writes bench/results/admission.json.
+
+    python bench/admission_bench.py [--tasks 10000] [--seed 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "admission.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def random_dag(n: int, seed: int):  # type: ignore[no-untyped-def]
+    from taskstream.core.model import TaskSpec
+    from taskstream.core.submission import Submission
+
+    rng = random.Random(seed)
+    start = int(time.time() * 1000) + 86_400_000
+    hubs = [f"t{i}" for i in range(0, n, 97)]  # popular prerequisites: fan-in and fan-out
+    specs = []
+    for i in range(n):
+        earlier = min(i, 3)
+        deps: set[str] = set()
+        if i:
+            deps.update(f"t{rng.randrange(i)}" for _ in range(earlier))
+            if rng.random() < 0.2:
+                deps.add(rng.choice([h for h in hubs if int(h[1:]) < i] or ["t0"]))
+        specs.append(
+            TaskSpec(
+                name=f"t{i}", tenant="bench", argv=("true",), dependencies=tuple(sorted(deps)), not_before_ms=start
+            )
+        )
+    return Submission("bench", tuple(specs), idempotency_key=f"bench-{seed}-{n}-{time.time_ns()}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", type=int, default=10_000)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    from confluent_kafka import OFFSET_END, TopicPartition
+    from taskstream.connectors.kafka import consumer, make_codec
+    from taskstream.projections.graph_service import GraphClient
+    from taskstream.schemas.records import SubmissionAccepted, SubmissionRejected
+
+    from taskstream.sdk import Client
+    from taskstream.settings import Settings
+
+    state = Path(tempfile.mkdtemp(prefix="taskstream-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
+    env.update(
+        {
+            "TASKSTREAM_STATE_DIR": str(state),
+            "TASKSTREAM_KAFKA_PORT": str(free_port()),
+            "TASKSTREAM_REGISTRY_PORT": str(free_port()),
+            "TASKSTREAM_POSTGRES_PORT": str(free_port()),
+            "TASKSTREAM_GRAPH_PORT": str(free_port()),
+            "TASKSTREAM_WORKER_PORT": str(free_port()),
+        }
+    )
+    cli = [sys.executable, "-m", "taskstream"]
+    subprocess.run([*cli, "up"], env=env, check=True, capture_output=True)
+    try:
+        settings = Settings.from_env(env)
+        sub = random_dag(args.tasks, args.seed)
+        n_edges = sum(len(t.dependencies) for t in sub.tasks)
+        codec = make_codec(settings)
+        watch = consumer(settings, group="bench-admission")
+        watch.assign([TopicPartition(settings.topic("events"), p, OFFSET_END) for p in range(settings.partitions)])
+        watch.consume(1, 1.0)  # resolve the end offsets before submitting
+        client = Client(settings, issuer="bench")
+        import psycopg
+
+        t0 = time.perf_counter()
+        _, sid = client.submit(sub)
+        t_sent = time.perf_counter()
+        decision = None
+        while decision is None and time.perf_counter() - t0 < 300:
+            for m in watch.consume(1000, 0.2):
+                if m.error() or m.key() != sid.encode():
+                    continue
+                rec = codec.decode("event", m.value())
+                if isinstance(rec.payload, SubmissionAccepted | SubmissionRejected):
+                    decision = (rec.kind, time.perf_counter())
+        assert decision is not None, "no admission decision within 300 s"
+        assert decision[0] == "SubmissionAccepted", decision
+        t_pg = t_graph = None
+        graph = GraphClient(settings.graph_url)
+        with psycopg.connect(settings.dsn, autocommit=True) as conn:
+            while (t_pg is None or t_graph is None) and time.perf_counter() - t0 < 600:
+                if t_pg is None:
+                    (rows,) = conn.execute("SELECT count(*) FROM tasks WHERE submission_id = %s", (sid,)).fetchone()
+                    if rows == args.tasks:
+                        t_pg = time.perf_counter()
+                if t_graph is None and len(graph.nodes(sid)) == args.tasks and len(graph.edges(sid)) == n_edges:
+                    t_graph = time.perf_counter()
+                time.sleep(0.1)
+        watch.close()
+    finally:
+        subprocess.run([*cli, "down"], env=env, capture_output=True)
+    report = {
+        "benchmark": "admission of one random DAG",
+        "tasks": args.tasks,
+        "edges": n_edges,
+        "produce_seconds": round(t_sent - t0, 3),
+        "decision_seconds": round(decision[1] - t0, 3),
+        "postgres_complete_seconds": None if t_pg is None else round(t_pg - t0, 3),
+        "graph_complete_seconds": None if t_graph is None else round(t_graph - t0, 3),
+        "aim": "decision under 0.5 s, projections under 5 s",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print(json.dumps(report, indent=2))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,23 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from _stack import embedded_stack
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "admission.json"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def random_dag(n: int, seed: int):  # type: ignore[no-untyped-def]
@@ -68,21 +60,7 @@ def main() -> int:
     from taskstream.sdk import Client
     from taskstream.settings import Settings
 
-    state = Path(tempfile.mkdtemp(prefix="taskstream-bench-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
-    env.update(
-        {
-            "TASKSTREAM_STATE_DIR": str(state),
-            "TASKSTREAM_KAFKA_PORT": str(free_port()),
-            "TASKSTREAM_REGISTRY_PORT": str(free_port()),
-            "TASKSTREAM_POSTGRES_PORT": str(free_port()),
-            "TASKSTREAM_GRAPH_PORT": str(free_port()),
-            "TASKSTREAM_WORKER_PORT": str(free_port()),
-        }
-    )
-    cli = [sys.executable, "-m", "taskstream"]
-    subprocess.run([*cli, "up"], env=env, check=True, capture_output=True)
-    try:
+    with embedded_stack() as env:
         settings = Settings.from_env(env)
         sub = random_dag(args.tasks, args.seed)
         n_edges = sum(len(t.dependencies) for t in sub.tasks)
@@ -118,8 +96,6 @@ def main() -> int:
                     t_graph = time.perf_counter()
                 time.sleep(0.1)
         watch.close()
-    finally:
-        subprocess.run([*cli, "down"], env=env, capture_output=True)
     report = {
         "benchmark": "admission of one random DAG",
         "tasks": args.tasks,

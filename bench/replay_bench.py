@@ -17,23 +17,16 @@ import multiprocessing as mp
 import os
 import platform
 import resource
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
 
+from _stack import embedded_stack
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "replay.json"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def history(n_events: int):  # type: ignore[no-untyped-def]
@@ -148,21 +141,7 @@ def main() -> int:
 
     from taskstream.settings import Settings
 
-    state = Path(tempfile.mkdtemp(prefix="taskstream-bench-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
-    env.update(
-        {
-            "TASKSTREAM_STATE_DIR": str(state),
-            "TASKSTREAM_KAFKA_PORT": str(free_port()),
-            "TASKSTREAM_REGISTRY_PORT": str(free_port()),
-            "TASKSTREAM_POSTGRES_PORT": str(free_port()),
-            "TASKSTREAM_GRAPH_PORT": str(free_port()),
-            "TASKSTREAM_WORKER_PORT": str(free_port()),
-        }
-    )
-    cli = [sys.executable, "-m", "taskstream"]
-    subprocess.run([*cli, "up"], env=env, check=True, capture_output=True)
-    try:
+    with embedded_stack() as env:
         # The bench history goes to its own topics, so the stack's live projectors leave it alone.
         settings = replace(Settings.from_env(env), topic_prefix="bench")
         print(f"producing {args.events:,} events …", flush=True)
@@ -181,8 +160,6 @@ def main() -> int:
         for p in procs:
             p.join()
         wall = time.perf_counter() - start
-    finally:
-        subprocess.run([*cli, "down"], env=env, capture_output=True)
     report = {
         "benchmark": "replay from offset 0 into both projections",
         "events": total,

@@ -16,6 +16,12 @@ from taskstream.schemas.records import EventRecord, InputRecord
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
+EVENT_HEADER = "taskstream.event"
+
+
+def _headers(rec: Any) -> list[tuple[str, bytes]] | None:
+    """Events carry their kind in a header, so a consumer can skip what it does not need undecoded."""
+    return [(EVENT_HEADER, rec.kind.encode())] if isinstance(rec, EventRecord) else None
 
 
 def unit_random(*parts: object) -> float:
@@ -64,13 +70,17 @@ class Context:
         acknowledged meanwhile, so nothing is lost and the partition waits rather than skips. Resending
         is safe because every record has a deterministic id that readers deduplicate.
         """
-        encoded = [(topic.get_topic_name(), key.encode(), self.codec.encode(rec)) for topic, key, rec in sends]
+        encoded = [
+            (topic.get_topic_name(), key.encode(), self.codec.encode(rec), _headers(rec)) for topic, key, rec in sends
+        ]
         delay = 0.1
         while True:
             try:
                 # Faust's producer underneath the topics: `topic.send` costs ~0.5 ms a record in Faust's
                 # channel machinery, which made a 10,000-task admission take 14 s.
-                futures = [await self.producer.send(name, key, value, None, None, None) for name, key, value in encoded]
+                futures = [
+                    await self.producer.send(name, key, value, None, None, hdr) for name, key, value, hdr in encoded
+                ]
                 for fut in futures:
                     await fut
                 return

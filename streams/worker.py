@@ -21,13 +21,14 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
-from taskstream.streams.context import Context
+from taskstream.streams.context import EVENT_HEADER, Context
 
 from taskstream.core import events as e
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = 5.0
 CLAIM_TIMEOUT_S = 60.0
+VERDICTS = (b"TaskClaimed", b"ClaimRejected")
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
 
 
@@ -69,7 +70,9 @@ class ClaimWaiter:
                     continue
                 for msgs in batches.values():
                     for m in msgs:
-                        self._see(m.value)
+                        kind = dict(m.headers or ()).get(EVENT_HEADER)
+                        if kind is None or kind in VERDICTS:  # no header: an older writer; decode to be sure
+                            self._see(m.value)
         finally:
             await consumer.stop()
 

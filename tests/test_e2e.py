@@ -305,3 +305,36 @@ def test_a_task_over_its_execution_cap_is_killed(stack: Stack) -> None:
     assert run["outcome"] == "FAILED" and run["reason"] == "killed: ran over its execution cap of 1.5s"
     assert "sleeping" in run["output_tail"]
     assert 1500 <= run["duration_ms"] < 1500 + 5000 + 2000  # cap + SIGTERM grace + slack
+
+
+def test_every_event_names_its_kind_in_a_header(stack: Stack) -> None:
+    """Consumers can skip events they don't need without decoding them."""
+    from taskstream.connectors.kafka import make_codec
+
+    s = stack.settings
+    cid = produce_command(
+        stack,
+        "SubmitDag",
+        {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": [task("labelled", "print(1)")]},
+    )
+    sid, _, _ = submission_of(stack, cid)
+    wait_until(lambda: all_terminal(stack, sid, 1), 60, "the task to end")
+    codec = make_codec(s)
+    c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": f"h-{uuid.uuid4()}", "auto.offset.reset": "earliest"})
+    c.subscribe([s.topic("events")])
+    seen: dict[str, str] = {}
+    try:
+
+        def read() -> bool:
+            for m in c.consume(500, 0.5):
+                if m.error():
+                    continue
+                rec = codec.decode("event", m.value())
+                if rec.submission_id == sid:
+                    seen[rec.event_id] = dict(m.headers() or [])["taskstream.event"].decode() + "=" + rec.kind
+            return any(v.startswith("TaskSucceeded") for v in seen.values())
+
+        wait_until(read, 60, "the submission's events")
+    finally:
+        c.close()
+    assert all(h == f"{k}" for h, _, k in (v.partition("=") for v in seen.values())), seen

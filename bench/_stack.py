@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -32,3 +33,11 @@ def embedded_stack() -> Iterator[dict[str, str]]:
         yield env
     finally:
         subprocess.run([*cli, "down"], env=env, capture_output=True)
+
+
+def write_report(path: Path, report: dict[str, object]) -> None:
+    """Print a benchmark's figures and keep them in its results file."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")

@@ -12,13 +12,12 @@ Tasks start a day later, so nothing runs during the measurement. Writes bench/re
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from pathlib import Path
 
-from _stack import embedded_stack
+from _stack import embedded_stack, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "admission.json"
@@ -107,9 +106,7 @@ def main() -> int:
         "aim": "decision under 0.5 s, projections under 5 s",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print(json.dumps(report, indent=2))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(RESULTS, report)
     return 0
 
 

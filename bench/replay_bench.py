@@ -12,7 +12,6 @@ Prints the figures and writes bench/results/replay.json.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -23,7 +22,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from _stack import embedded_stack
+from _stack import embedded_stack, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "replay.json"
@@ -180,9 +179,7 @@ def main() -> int:
         "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print(json.dumps(report, indent=2))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(RESULTS, report)
     return 0
 
 

@@ -1,4 +1,6 @@
-"""Client-side idle backoff for aiokafka (Faust's client) against brokers that answer empty fetches at
+"""Adjustments to aiokafka (Faust's client), pinned to aiokafka 0.14.0 (pyproject).
+
+Client-side idle backoff for aiokafka (Faust's client) against brokers that answer empty fetches at
 once instead of long-polling (noida-db, measured in ARCHITECTURE.md: ~2,000 fetches/s per idle consumer,
 most of a core).
 
@@ -36,3 +38,21 @@ def install_idle_backoff(seconds: float) -> None:
 
     setattr(proc_fetch_request, _MARK, seconds)
     Fetcher._proc_fetch_request = proc_fetch_request  # type: ignore[method-assign]
+
+
+def read_committed_only() -> None:
+    """Make every aiokafka consumer in this process read_committed. Admission writes its events in Kafka
+    transactions (streams/admitter.py); Faust asks for read_committed only when it runs exactly_once
+    itself, and its worker consumer would otherwise see the records of aborted admissions."""
+    import aiokafka
+
+    init = aiokafka.AIOKafkaConsumer.__init__
+    if getattr(init, _MARK, False):
+        return
+
+    def patched(self: Any, *topics: Any, **kwargs: Any) -> None:
+        kwargs["isolation_level"] = "read_committed"
+        init(self, *topics, **kwargs)
+
+    setattr(patched, _MARK, True)
+    aiokafka.AIOKafkaConsumer.__init__ = patched  # type: ignore[method-assign]

@@ -27,6 +27,7 @@ class TopicPlan:
     key: str  # settings.topic(key) is the topic's name
     envelope: str | None  # which Avro envelope its values carry (None: raw bytes)
     config: dict[str, str]
+    partitions: int | None = None  # None: settings.partitions
 
 
 # Every topic taskstream writes. Same partition count everywhere: events, task-inputs and the queue are
@@ -37,7 +38,18 @@ TOPICS: tuple[TopicPlan, ...] = (
     TopicPlan("task-inputs", "input", {"retention.ms": "604800000"}),
     TopicPlan("queue", "queued", {"retention.ms": "604800000"}),
     TopicPlan("dead-letters", None, {"retention.ms": "-1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}),
+    # Admission's own state (streams/admitter.py), JSON values: the linked part of each admitted
+    # submission, co-partitioned with commands and written in the admission transaction ...
+    TopicPlan(
+        "admission-links",
+        None,
+        {"cleanup.policy": "compact", "retention.ms": "-1", "max.message.bytes": str(MAX_MESSAGE_BYTES)},
+    ),
+    # ... and the submitter cluster's membership: every admission worker's heartbeats. Not compacted:
+    # noida-db's cleaner compacted heartbeats away before members read them (gaps of 3 s, measured).
+    TopicPlan("admission-members", None, {"cleanup.policy": "delete", "retention.ms": "3600000"}, partitions=1),
 )
+ADMISSION_GROUP_SUFFIX = "admission"  # consumer group (offsets only) of the admission workers
 
 
 def subject(settings: Settings, key: str) -> str:
@@ -52,7 +64,7 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
     """Create missing topics; existing ones are left as they are."""
     client = admin(settings)
     futures = client.create_topics(
-        [NewTopic(settings.topic(t.key), settings.partitions, 1, config=t.config) for t in TOPICS],
+        [NewTopic(settings.topic(t.key), t.partitions or settings.partitions, 1, config=t.config) for t in TOPICS],
         request_timeout=timeout,
     )
     for name, fut in futures.items():
@@ -123,6 +135,31 @@ def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
     }
     conf.update(extra)
     return Consumer(conf)
+
+
+def idle_pause(c: Consumer, seconds: float, stop: Any = None) -> None:
+    """Stop fetching for `seconds`: noida-db answers empty fetches at once (ARCHITECTURE.md), so an idle
+    librdkafka consumer would otherwise spin at hundreds of fetches a second (~40% of a core, measured).
+
+    After `resume` librdkafka restarted fetching only up to 1.5 s later (mean 0.6 s, measured on
+    noida-db), so each partition is also sought to where it was: that restarts fetching at once (mean
+    delay 0.05 s). Callers should consume with a short timeout (~10 ms) after this returns.
+    """
+    parts = c.assignment()
+    positions = [tp for tp in c.position(parts) if tp.offset >= 0] if parts else []
+    if parts:
+        c.pause(parts)
+    if stop is not None:
+        stop.wait(seconds)
+    else:
+        time.sleep(seconds)
+    if parts:
+        c.resume(parts)
+        for tp in positions:
+            try:
+                c.seek(tp)
+            except KafkaException:  # unassigned meanwhile
+                pass
 
 
 ENVELOPE_OF_TOPIC = {t.key: t.envelope for t in TOPICS}

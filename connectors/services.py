@@ -245,6 +245,17 @@ def embedded_specs(settings: Settings) -> list[ServiceSpec]:
             ready=lambda: ready_file(s, "pg-projector").exists(),
         )
     )
+    for i in range(s.admission_workers):
+        name = f"admission-{i}"
+        specs.append(
+            ServiceSpec(
+                name,
+                python_service(s, "admission", "--index", str(i)),
+                ready=partial(_ready_file_exists, s, name),
+                ready_timeout=60.0,
+                stop_timeout=15.0,
+            )
+        )
     for i in range(s.workers):
         name = f"worker-{i}"
         specs.append(

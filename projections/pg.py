@@ -77,7 +77,12 @@ WORKER_SEEN = (
 )
 SUBMISSION = (
     "INSERT INTO submissions (submission_id, tenant, idempotency_key, command_id, outcome, task_ids, errors, "
-    "decided_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+    "decided_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (submission_id) DO UPDATE SET "
+    # A rejection admits nothing and does not use up the idempotency key: a later decision on the same
+    # key replaces it. An acceptance is final: a later copy of the key admits nothing new.
+    "tenant = EXCLUDED.tenant, idempotency_key = EXCLUDED.idempotency_key, command_id = EXCLUDED.command_id, "
+    "outcome = EXCLUDED.outcome, task_ids = EXCLUDED.task_ids, errors = EXCLUDED.errors, "
+    "decided_at = EXCLUDED.decided_at WHERE submissions.outcome = 'REJECTED'"
 )
 DEAD_LETTER = (
     'INSERT INTO dead_letters (topic, partition, "offset", source_topic, source_partition, source_offset, '

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from taskstream.connectors.kafka import idle_pause
 from taskstream.schemas.codec import Codec, DecodeError
 from taskstream.schemas.records import EventRecord
 
@@ -140,7 +141,7 @@ class ProjectionRunner:
         idle_max = self.idle_backoff
         while not self.stop_event.is_set():
             try:
-                n = self.poll_once()
+                n = self.poll_once(0.02)
             except Exception:
                 # The transaction rolled back; re-seek to the checkpoints and try again after a pause
                 # (backpressure, never skipping).
@@ -154,10 +155,7 @@ class ProjectionRunner:
             # Nothing new. librdkafka refetches as soon as an empty answer arrives and noida-db answers at
             # once, so stop fetching for a moment (pause), growing the pause while it stays idle.
             idle = min(idle_max, idle + idle_max / 5)
-            parts = self.consumer.assignment()
-            self.consumer.pause(parts)
-            self.stop_event.wait(idle)
-            self.consumer.resume(parts)
+            idle_pause(self.consumer, idle, self.stop_event)
 
     def catch_up(self, until: dict[int, int], progress: Callable[[int], None] | None = None) -> None:
         """Apply everything before `until` (partition -> next offset) from the stored checkpoints, then return."""

@@ -65,14 +65,40 @@ def parsed(envelope: str) -> Any:
 # ---- Python objects <-> Avro-shaped dicts ----------------------------------------------------------
 
 
+_SCALAR, _SEQUENCE, _MAPPING = "scalar", "sequence", "mapping"
+# type -> how to make it Avro-shaped: a dataclass's field names, or one of the kinds above. Cached per
+# type: admission converts tens of thousands of records per submission, and dataclasses.fields() per
+# value was most of the cost of encoding (measured in bench/admission_bench.py).
+_SHAPES: dict[type, Any] = {
+    **dict.fromkeys((str, int, float, bool, bytes, type(None)), _SCALAR),
+    tuple: _SEQUENCE,
+    list: _SEQUENCE,
+    dict: _MAPPING,
+}
+
+
+def _shape(t: type) -> Any:
+    if dataclasses.is_dataclass(t):
+        shape: Any = tuple(f.name for f in dataclasses.fields(t))
+    elif issubclass(t, tuple | list):
+        shape = _SEQUENCE
+    elif issubclass(t, dict):
+        shape = _MAPPING
+    else:
+        shape = _SCALAR
+    _SHAPES[t] = shape
+    return shape
+
+
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple | list):
+    shape = _SHAPES.get(type(value)) or _shape(type(value))
+    if shape is _SCALAR:
+        return value
+    if shape is _SEQUENCE:
         return [_plain(v) for v in value]
-    if isinstance(value, dict):
+    if shape is _MAPPING:
         return {k: _plain(v) for k, v in value.items()}
-    return value
+    return {name: _plain(getattr(value, name)) for name in shape}
 
 
 def spec_from(d: dict[str, Any]) -> TaskSpec:

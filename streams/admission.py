@@ -1,82 +1,170 @@
-"""Admission (the seed's task submitter): one command in, one set of events out.
+"""Admission (the seed's task submitter): one command in, one set of records out. Pure: no I/O.
 
 A SubmitDag is checked whole; if any rule fails nothing is admitted and a SubmissionRejected names every
 problem. Otherwise every task gets a system id derived from the submission, so a redelivered or
-replayed command reproduces the same ids and events (downstream skips what it has seen), and the
-TaskSubmitted/TaskAdmitted events plus SubmissionAccepted are written before the offset is committed.
+replayed command reproduces the same ids and events (downstream skips what it has seen).
+
+Submissions whose tasks depend on tasks of other submissions ("linked") are decided only on their
+tenant's partition of the commands topic, against `LinkIndex`: the linked part of every submission that
+partition admitted before. One owner per partition decides them one at a time, so two linked submissions
+can never both pass the cycle check with a cycle between them, whichever partitions they were sent to.
+A submission with no such dependency cannot be on a cycle with others (nothing leaves it) and is decided
+wherever it lands. streams/admitter.py runs this inside a Kafka transaction.
 """
 
 from __future__ import annotations
 
-import logging
+import json
+from collections import ChainMap
+from dataclasses import dataclass, field
 from typing import Any
 
 from taskstream.schemas import records as r
-from taskstream.schemas.codec import DecodeError
-from taskstream.streams.context import Context
 
 from taskstream.core import events as e
-from taskstream.core.submission import Submission, assign_ids, check_submission, submission_id_for
+from taskstream.core.submission import (
+    Submission,
+    assign_ids,
+    check_submission,
+    external_dependencies,
+    find_cycle,
+    linked_edges,
+    reference_id,
+    split_reference,
+    submission_id_for,
+)
 
-log = logging.getLogger(__name__)
+Send = tuple[str, str, Any]  # (topic key: "events" | "task-inputs", record key, record)
 
 
-def admission_events(ctx: Context, cmd: r.CommandRecord, body: r.SubmitDag, at_ms: int) -> list[tuple[Any, str, Any]]:
-    """Pure apart from ctx's topic handles: the (topic, key, record) sends that admit or reject `body`."""
+@dataclass
+class LinkIndex:
+    """What one commands partition's owner admitted of linked submissions: task id -> the task ids it
+    depends on, and a readable label per task id ("<idempotency key>/<name>") to name cycles with."""
+
+    edges: dict[str, list[str]] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def add(self, entry: dict[str, Any]) -> None:
+        self.edges.update(entry["edges"])
+        self.labels.update(entry["labels"])
+
+    @staticmethod
+    def entry_bytes(entry: dict[str, Any]) -> bytes:
+        return json.dumps(entry, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass
+class Decision:
+    sends: list[Send]
+    accepted: bool = False
+    link_entry: dict[str, Any] | None = None  # to record in the index (and its topic) once committed
+    forward_to: int | None = None  # decide on this partition instead (a linked submission's tenant's)
+
+
+def decide_command(
+    node: str, cmd: r.CommandRecord, at_ms: int, *, partition: int, tenant_partition: Any, index: LinkIndex
+) -> Decision:
+    """The records that carry out one decoded command. `tenant_partition(tenant)` names the commands
+    partition where the tenant's linked submissions are decided."""
+    body = cmd.body
+    if isinstance(body, r.SubmitDag):
+        return decide_submission(
+            node, cmd, body, at_ms, partition=partition, tenant_partition=tenant_partition, index=index
+        )
+    if isinstance(body, r.CancelTaskRequest):
+        why = body.reason or f"cancelled by {cmd.issuer or 'a user'}"
+        return Decision([_input(node, body.task_id, at_ms, r.CancelRequest(why), f"{cmd.command_id}:cancel")])
+    if isinstance(body, r.ReprioritizeTaskRequest):
+        req = r.ReprioritizeRequest(body.priority)
+        return Decision([_input(node, body.task_id, at_ms, req, f"{cmd.command_id}:reprioritize")])
+    raise TypeError(f"no admission rule for {type(body).__name__}")  # the codec only yields known bodies
+
+
+def decide_submission(
+    node: str,
+    cmd: r.CommandRecord,
+    body: r.SubmitDag,
+    at_ms: int,
+    *,
+    partition: int,
+    tenant_partition: Any,
+    index: LinkIndex,
+) -> Decision:
     sid = submission_id_for(body.tenant, body.idempotency_key, cmd.command_id)
     sub = Submission(tenant=body.tenant, tasks=body.tasks, idempotency_key=body.idempotency_key, labels=body.labels)
     errors = check_submission(sub)
     if errors:
-        problems = tuple(r.FieldProblem(x.task, x.field, x.reason) for x in errors)
-        rejected = r.SubmissionRejected(tenant=body.tenant, command_id=cmd.command_id, errors=problems)
-        return [(ctx.events, sid, ctx.event(None, sid, 0, at_ms, rejected, event_id=f"{sid}:rejected"))]
+        return _rejected(node, cmd, body, sid, at_ms, [r.FieldProblem(x.task, x.field, x.reason) for x in errors])
+    linked = external_dependencies(sub)
+    if linked:
+        home = tenant_partition(body.tenant)
+        if home != partition:
+            return Decision([], forward_to=home)
     ids, specs = assign_ids(sub, sid)
-    sends: list[tuple[Any, str, Any]] = []
+    entry = None
+    if linked:
+        new = {ids[s.name]: s.dependencies for s in specs}
+        refs = {
+            reference_id(body.tenant, *ref): d
+            for s in sub.tasks
+            for d in s.dependencies
+            if (ref := split_reference(d)) is not None
+        }
+        cycle = find_cycle(ChainMap(new, index.edges), roots=list(new))  # type: ignore[arg-type]
+        if cycle:
+            names = {v: k for k, v in ids.items()}
+            label = {**index.labels, **refs, **names}
+            path = " -> ".join(label.get(t, t) for t in cycle)
+            first = names.get(cycle[0], label.get(cycle[0], cycle[0]))
+            problem = r.FieldProblem(first, "dependencies", f"closes a cycle through other submissions: {path}")
+            return _rejected(node, cmd, body, sid, at_ms, [problem])
+        kept = linked_edges(specs, ids, external=set(refs))
+        key = body.idempotency_key or sid
+        entry = {
+            "submission_id": sid,
+            "tenant": body.tenant,
+            "edges": kept,
+            "labels": {ids[s.name]: f"{key}/{s.name}" for s in specs if ids[s.name] in kept},
+        }
+    sends: list[Send] = []
     for spec in specs:
         tid = ids[spec.name]
-        sends.append((ctx.events, tid, ctx.event(tid, sid, 1, at_ms, e.TaskSubmitted(submission_id=sid, spec=spec))))
-        sends.append((ctx.events, tid, ctx.event(tid, sid, 2, at_ms, e.TaskAdmitted(node=ctx.node))))
+        sends.append(("events", tid, _event(node, tid, sid, 1, at_ms, e.TaskSubmitted(submission_id=sid, spec=spec))))
+        sends.append(("events", tid, _event(node, tid, sid, 2, at_ms, e.TaskAdmitted(node=node))))
     accepted = r.SubmissionAccepted(
         tenant=body.tenant, idempotency_key=body.idempotency_key, command_id=cmd.command_id, task_ids=ids
     )
-    sends.append((ctx.events, sid, ctx.event(None, sid, 0, at_ms, accepted, event_id=f"{sid}:accepted")))
-    return sends
+    sends.append(("events", sid, _event(node, None, sid, 0, at_ms, accepted, event_id=f"{sid}:accepted")))
+    return Decision(sends, accepted=True, link_entry=entry)
 
 
-async def handle_command(ctx: Context, message: Any) -> None:
-    at_ms = int(message.timestamp * 1000)  # log time: the same on every reprocessing
-    try:
-        cmd = ctx.codec.decode("command", message.value)
-    except DecodeError as err:
-        log.warning(
-            "command at %s[%d]@%d is undecodable: %s", message.topic, message.partition, message.offset, err.reason
-        )
-        await ctx.dead_letter(message, err.reason, "admission")
-        return
-    body = cmd.body
-    if isinstance(body, r.SubmitDag):
-        sends = admission_events(ctx, cmd, body, at_ms)
-    elif isinstance(body, r.CancelTaskRequest):
-        sends = [
-            (
-                ctx.inputs,
-                body.task_id,
-                ctx.input(
-                    body.task_id,
-                    at_ms,
-                    r.CancelRequest(body.reason or f"cancelled by {cmd.issuer or 'a user'}"),
-                    f"{cmd.command_id}:cancel",
-                ),
-            )
-        ]
-    elif isinstance(body, r.ReprioritizeTaskRequest):
-        sends = [
-            (
-                ctx.inputs,
-                body.task_id,
-                ctx.input(body.task_id, at_ms, r.ReprioritizeRequest(body.priority), f"{cmd.command_id}:reprioritize"),
-            )
-        ]
-    else:  # pragma: no cover - the codec only yields known bodies
-        return
-    await ctx.send_all(sends)
+def _rejected(
+    node: str, cmd: r.CommandRecord, body: r.SubmitDag, sid: str, at_ms: int, problems: list[r.FieldProblem]
+) -> Decision:
+    rejected = r.SubmissionRejected(tenant=body.tenant, command_id=cmd.command_id, errors=tuple(problems))
+    return Decision(
+        [("events", sid, _event(node, None, sid, 0, at_ms, rejected, event_id=f"{sid}:rejected:{cmd.command_id}"))]
+    )
+
+
+def _event(
+    node: str, task_id: str | None, sid: str, version: int, at_ms: int, payload: Any, event_id: str | None = None
+) -> r.EventRecord:
+    return r.EventRecord(
+        event_id=event_id or f"{task_id}:{version}",
+        task_id=task_id,
+        submission_id=sid,
+        version=version,
+        event_ms=at_ms,
+        node=node,
+        payload=payload,
+    )
+
+
+def _input(node: str, task_id: str, at_ms: int, body: Any, input_id: str) -> Send:
+    return (
+        "task-inputs",
+        task_id,
+        r.InputRecord(input_id=input_id, task_id=task_id, sent_ms=at_ms, sender=node, body=body),
+    )

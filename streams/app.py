@@ -1,6 +1,5 @@
 """The Faust application: one agent per scheduler component, each owning work through partitions.
 
-- admission: commands topic -> TaskSubmitted/TaskAdmitted or SubmissionRejected (streams/admission.py)
 - lifecycle: events + task-inputs -> every later task event (streams/lifecycle.py)
 - executor: queue -> claim, run, report (streams/worker.py)
 - a timer that turns due retries and start times into inputs for the owning partition
@@ -15,12 +14,11 @@ import time
 from typing import Any
 
 import faust
-from taskstream.connectors.idle import install_idle_backoff
+from taskstream.connectors.idle import install_idle_backoff, read_committed_only
 from taskstream.connectors.kafka import make_codec
 from taskstream.connectors.services import ready_file
 from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired
-from taskstream.streams.admission import handle_command
 from taskstream.streams.context import Context
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.worker import ClaimWaiter, Executor
@@ -51,7 +49,6 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         stream_wait_empty=False,
     )
     raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
-    commands = app.topic(s.topic("commands"), **raw)
     events = app.topic(s.topic("events"), **raw)
     inputs = app.topic(s.topic("task-inputs"), **raw)
     queue = app.topic(s.topic("queue"), **raw)
@@ -73,11 +70,6 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         if "l" not in lifecycle_holder:
             lifecycle_holder["l"] = Lifecycle(ctx(), tasks, timers)
         return lifecycle_holder["l"]
-
-    @app.agent(commands, name="admission")
-    async def admission(stream: Any) -> None:
-        async for event in stream.events():
-            await _guarded(ctx(), _Msg(event), "admission", handle_command(ctx(), _Msg(event)))
 
     @app.agent(owned, name="lifecycle")
     async def lifecycle_agent(stream: Any) -> None:
@@ -165,6 +157,7 @@ class _Msg:
 def run_worker(settings: Settings, index: int) -> None:
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     install_idle_backoff(settings.idle_backoff_ms / 1000)
+    read_committed_only()
     app = build_app(settings, index)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

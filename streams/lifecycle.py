@@ -27,6 +27,7 @@ from taskstream.core.machine import Rejection, evolve, run
 from taskstream.core.model import TERMINAL, Status, TaskState
 
 log = logging.getLogger(__name__)
+NOT_ADMITTED = "NOT_ADMITTED"  # outcome sent to dependents of a task that was never admitted in time
 ADMISSION_EVENTS = (e.TaskSubmitted, e.TaskAdmitted, e.TaskRejected)
 
 
@@ -80,10 +81,24 @@ class Lifecycle:
                     record.dependents.append(dep)
                 if record.state.is_terminal:
                     sends.append(self._ended_signal(record.state, dep, at))
+                elif record.state.version == 0 and not record.not_admitted:
+                    # A task of another submission not admitted (yet): wait for it, but not forever.
+                    wait = {"due": at + self.ctx.settings.reference_wait_ms, "purpose": "admission_wait"}
+                    self.timers[inp.task_id.encode()] = json.dumps(wait).encode()
+            case r.TimerFired(purpose="admission_wait"):
+                stored = self.timers.get(inp.task_id.encode())
+                if stored is not None and json.loads(stored).get("purpose") == "admission_wait":
+                    del self.timers[inp.task_id.encode()]
+                if record.state.version == 0 and not record.not_admitted:
+                    record.not_admitted = True
+                    sends.extend(self._not_admitted_signal(inp.task_id, d, at) for d in record.dependents)
             case r.PrerequisiteEnded(prerequisite=pre, succeeded=ok, outcome=outcome):
                 record.ended[pre] = outcome
                 if record.state.status is Status.WAITING:
-                    if not ok:
+                    if not ok and outcome == NOT_ADMITTED:
+                        wait_s = self.ctx.settings.reference_wait_ms / 1000
+                        cmds.append(c.CancelTask(f"prerequisite {pre} was not admitted within {wait_s:g}s", at))
+                    elif not ok:
                         cmds.append(c.CancelTask(f"prerequisite {pre} ended {outcome.lower()}", at))
                     elif self._all_succeeded(record):
                         cmds.append(c.MarkReady("every prerequisite succeeded", at))
@@ -114,6 +129,10 @@ class Lifecycle:
             prerequisite=state.task_id, succeeded=state.status is Status.SUCCEEDED, outcome=state.status.value
         )
         return (self.ctx.inputs, dependent, self.ctx.input(dependent, at, body, f"{state.task_id}:ended:{dependent}"))
+
+    def _not_admitted_signal(self, task_id: str, dependent: str, at: int) -> tuple[Any, str, Any]:
+        body = r.PrerequisiteEnded(prerequisite=task_id, succeeded=False, outcome=NOT_ADMITTED)
+        return (self.ctx.inputs, dependent, self.ctx.input(dependent, at, body, f"{task_id}:not-admitted:{dependent}"))
 
     def _react(
         self, record: TaskRecord, new: list[e.Event], at: int

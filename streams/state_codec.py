@@ -16,6 +16,7 @@ class TaskRecord:
     state: TaskState
     dependents: list[str] = field(default_factory=list)  # tasks to tell when this one ends
     ended: dict[str, str] = field(default_factory=dict)  # prerequisite id -> how it ended
+    not_admitted: bool = False  # its dependents waited reference_wait_ms and were told it never came
 
 
 def dumps(rec: TaskRecord) -> bytes:
@@ -34,7 +35,9 @@ def dumps(rec: TaskRecord) -> bytes:
         "reason": s.reason,
         "updated_ms": s.updated_ms,
     }
-    return json.dumps({"state": d, "dependents": rec.dependents, "ended": rec.ended}).encode()
+    return json.dumps(
+        {"state": d, "dependents": rec.dependents, "ended": rec.ended, "not_admitted": rec.not_admitted}
+    ).encode()
 
 
 def loads(raw: bytes) -> TaskRecord:
@@ -54,4 +57,4 @@ def loads(raw: bytes) -> TaskRecord:
         reason=d["reason"],
         updated_ms=d["updated_ms"],
     )
-    return TaskRecord(state, list(obj["dependents"]), dict(obj["ended"]))
+    return TaskRecord(state, list(obj["dependents"]), dict(obj["ended"]), bool(obj.get("not_admitted", False)))

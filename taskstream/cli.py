@@ -195,8 +195,8 @@ def submit(
     s = settings()
     try:
         client = Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}")
-        _, sid = client.submit(sub)
-        outcome = client.wait_outcome(sid, timeout=min(timeout, 120))
+        command_id, sid = client.submit(sub)
+        outcome = client.wait_outcome(sid, timeout=min(timeout, 120), command_id=command_id)
     except SubmitError as exc:
         fail(str(exc))
     if not outcome.accepted:
@@ -361,6 +361,53 @@ def _print_lag(s: Settings) -> None:
             r.projection, str(r.partition), "-" if r.checkpoint is None else str(r.checkpoint), str(r.log_end), behind
         )
     console.print(t)
+
+
+@app.command()
+def cluster(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """The submitter cluster: admission workers, the commands partitions each owns, admissions in flight."""
+    from taskstream.connectors.cluster import describe
+
+    try:
+        view = describe(settings())
+    except Exception as exc:  # broker down: say so in one line
+        fail(f"cannot read the cluster's state from Kafka: {exc}")
+    if as_json:
+        print(json.dumps(view))
+        return
+    t = Table(title="admission workers")
+    for col in ("member", "pid", "alive", "last heard", "owns", "in flight", "decided", "accepted", "rejected"):
+        t.add_column(col)
+    for m in view["members"]:
+        fl = m["in_flight"]
+        flight = f"p{fl['partition']} @{fl['first_offset']}-{fl['last_offset']} ({fl['commands']})" if fl else "-"
+        t.add_row(
+            m["member"],
+            str(m["pid"]),
+            "[green]yes[/]" if m["alive"] else f"[red]no[/] ({m['state']})",
+            f"{m['silent_ms'] / 1000:.1f}s ago",
+            ",".join(str(p) for p in m["owned"]) or "-",
+            flight,
+            str(m["decided"]),
+            str(m["accepted"]),
+            str(m["rejected"]),
+        )
+    console.print(t)
+    pt = Table(title="commands partitions")
+    for col in ("partition", "owner", "committed", "log end", "not yet committed"):
+        pt.add_column(col)
+    for p in view["partitions"]:
+        pt.add_row(
+            str(p["partition"]), p["owner"] or "[red]none[/]", str(p["committed"]), str(p["end"]), str(p["backlog"])
+        )
+    console.print(pt)
+    for m in view["members"]:
+        for tk in m["takeovers"]:
+            when = time.strftime("%H:%M:%S", time.localtime(tk["at_ms"] / 1000))
+            console.print(
+                f"{when} {m['member']} took over partition {tk['partition']} from {tk['from']}"
+                f" ({tk['orphaned']} command(s) not yet committed)"
+            )
 
 
 @app.command()
@@ -642,6 +689,13 @@ def serve_pg() -> None:
     from taskstream import serve
 
     serve.pg_projector(settings())
+
+
+@serve_app.command("admission")
+def serve_admission(index: Annotated[int, typer.Option()] = 0) -> None:
+    from taskstream import serve
+
+    serve.admission(settings(), index)
 
 
 @serve_app.command("worker")

@@ -13,7 +13,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from taskstream.connectors.kafka import producer, registry_client
-from taskstream.core.submission import Submission, submission_id_for
+from taskstream.core.submission import Submission, external_dependencies, submission_id_for
 from taskstream.schemas.codec import schema_text, to_avro
 from taskstream.schemas.records import CancelTaskRequest, CommandRecord, ReprioritizeTaskRequest, SubmitDag
 from taskstream.settings import Settings
@@ -58,8 +58,11 @@ class Client:
     def submit(self, sub: Submission) -> tuple[str, str]:
         """Produce a SubmitDag; returns (command id, submission id). Admission decides asynchronously."""
         body = SubmitDag(tenant=sub.tenant, tasks=sub.tasks, idempotency_key=sub.idempotency_key, labels=sub.labels)
-        key = sub.idempotency_key or str(uuid.uuid4())
-        command_id = self._send(f"{sub.tenant}/{key}", body)
+        # A submission that depends on other submissions is decided on its tenant's partition (see
+        # streams/admission.py): key it by tenant so it lands there. Others spread over the partitions.
+        spread = f"{sub.tenant}/{sub.idempotency_key or uuid.uuid4()}"
+        key = sub.tenant if external_dependencies(sub) else spread
+        command_id = self._send(key, body)
         return command_id, submission_id_for(sub.tenant, sub.idempotency_key, command_id)
 
     def cancel(self, task_id: str, reason: str = "") -> str:
@@ -68,15 +71,18 @@ class Client:
     def reprioritize(self, task_id: str, priority: int) -> str:
         return self._send(task_id, ReprioritizeTaskRequest(task_id, priority))
 
-    def wait_outcome(self, submission_id: str, timeout: float = 60.0) -> Outcome:
-        """Wait for admission's decision as projected into PostgreSQL."""
+    def wait_outcome(self, submission_id: str, timeout: float = 60.0, command_id: str | None = None) -> Outcome:
+        """Wait for admission's decision as projected into PostgreSQL. With `command_id`, wait for the
+        decision on that command: an earlier rejection of the same idempotency key does not count (a
+        rejection does not use the key up), an earlier acceptance does (the same ids, nothing new)."""
         deadline = time.monotonic() + timeout
         with psycopg.connect(self.settings.dsn, autocommit=True) as conn:
             while time.monotonic() < deadline:
                 row = conn.execute(
-                    "SELECT outcome, task_ids, errors FROM submissions WHERE submission_id = %s", (submission_id,)
+                    "SELECT outcome, task_ids, errors, command_id FROM submissions WHERE submission_id = %s",
+                    (submission_id,),
                 ).fetchone()
-                if row:
+                if row and (command_id is None or row[0] == "ACCEPTED" or row[3] == command_id):
                     return Outcome(submission_id, row[0] == "ACCEPTED", dict(row[1]), list(row[2]))
                 time.sleep(0.2)
         raise SubmitError(

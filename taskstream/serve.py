@@ -114,6 +114,14 @@ def _touch(path: Path) -> None:
     path.touch()
 
 
+def admission(settings: Settings, index: int) -> None:
+    from taskstream.streams.admitter import run_admitter
+
+    _logging()
+    name = f"admission-{index}"
+    run_admitter(settings, index, on_ready=lambda: _touch(ready_file(settings, name)))
+
+
 def worker(settings: Settings, index: int) -> None:
     from taskstream.streams.app import run_worker
 

@@ -43,6 +43,17 @@ class Settings:
     node_id: str = ""
     lane: str = "default"
     output_tail_bytes: int = 4096
+    # Admission workers (the submitter cluster, streams/admitter.py).
+    admission_workers: int = 2
+    admission_heartbeat_ms: int = 500
+    # A member silent this long is taken as dead and its commands partitions are taken over.
+    admission_member_timeout_ms: int = 5000
+    # Fault injection for the crash tests: SIGKILL this admission worker at this point of its first
+    # admission batch (before-write, mid-write, before-commit, after-commit), once per marker file.
+    admission_fault: str = ""
+    admission_fault_file: str = ""
+    # How long a dependency on a task of another submission waits for that task to be admitted.
+    reference_wait_ms: int = 24 * 3_600_000
     # How long an idle consumer waits after an empty fetch before the next one (see connectors/idle.py).
     idle_backoff_ms: int = 10
 

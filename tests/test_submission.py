@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from taskstream.core.model import TaskSpec
 from taskstream.core.submission import (
     MAX_TASKS,
     Submission,
@@ -14,6 +15,7 @@ from taskstream.core.submission import (
     check_submission,
     find_cycle,
     parse_document,
+    reference_id,
     submission_id_for,
 )
 from tests.strategies import dags
@@ -152,3 +154,53 @@ def test_ids_are_a_function_of_the_submission_and_name(specs: list) -> None:
 @given(st.text(min_size=1, max_size=5), st.text(min_size=1, max_size=5))
 def test_without_a_key_each_command_is_its_own_submission(c1: str, c2: str) -> None:
     assert (submission_id_for("t", None, c1) == submission_id_for("t", None, c2)) == (c1 == c2)
+
+
+def test_fast_ids_equal_rfc_4122_uuid5() -> None:
+    import uuid
+
+    from taskstream.core.submission import ID_NAMESPACE, submission_id_for, task_id_for
+
+    for tenant, key, cmd in [("acme", "k1", "c"), ("t", None, "cmd-1"), ("ü", "a/b", "x")]:
+        want = uuid.uuid5(ID_NAMESPACE, f"key/{tenant}/{key}" if key else f"command/{cmd}")
+        assert submission_id_for(tenant, key, cmd) == str(want)
+        assert task_id_for(str(want), "n.1") == str(uuid.uuid5(ID_NAMESPACE, f"task/{want}/n.1"))
+
+
+def test_assigning_ids_rewrites_only_the_dependencies() -> None:
+    import dataclasses
+
+    from taskstream.core.submission import assign_ids
+
+    sub = parse_document(
+        {
+            "tenant": "acme",
+            "idempotency_key": "k",
+            "tasks": [
+                {"name": "a", "argv": ["x"], "env": {"A": "1"}, "labels": {"l": "v"}, "priority": 3},
+                {"name": "b", "argv": ["y"], "dependencies": ["a", "other/c"], "not_before": 5, "retry_limit": 2},
+            ],
+        }
+    )
+    ids, specs = assign_ids(sub, "sid")
+    for before, after in zip(sub.tasks, specs, strict=True):
+        assert dataclasses.replace(before, dependencies=after.dependencies) == after
+    assert specs[1].dependencies == (ids["a"], reference_id("acme", "other", "c"))
+
+
+def test_references_to_other_submissions_are_checked_for_shape() -> None:
+    def problems(deps: list[str], key: str | None = "mine") -> list[str]:
+        sub = Submission("acme", (TaskSpec("a", "acme", ("x",), dependencies=tuple(deps)),), key)
+        return [e.reason for e in check_submission(sub)]
+
+    assert problems(["other/x", "a/b/c.d"]) == []  # the last '/' separates key and name
+    assert "is not a reference" in problems(["/x"])[0]
+    assert "is not a reference" in problems(["k/bad name"])[0]
+    assert "refers to this submission" in problems(["mine/a"])[0]
+    assert "not a task of this submission" in problems(["nope"])[0]
+
+
+def test_find_cycle_from_roots_only_walks_what_they_reach() -> None:
+    graph = {"n1": ["n2"], "n2": ["old"], "old": ["n1"], "x": ["y"], "y": ["x"]}
+    assert find_cycle(graph, roots=["n1"]) == ["n1", "n2", "old", "n1"]
+    assert find_cycle({"n1": ["old"], "old": ["gone"], "x": ["y"], "y": ["x"]}, roots=["n1"]) is None

@@ -8,9 +8,11 @@ produced them (the CLI, the SDK, or any program writing Avro to the commands top
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +33,7 @@ ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # Namespace for the ids the system assigns: a task id is a function of its submission and name, so a
 # replayed or redelivered admission reproduces the same ids on any node.
 ID_NAMESPACE = uuid.UUID("6f1d7b1e-4c1a-4d8e-9a55-2b7f2f3f9e10")
+_NAMESPACE_BYTES = ID_NAMESPACE.bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +64,24 @@ class Submission:
     labels: dict[str, str] = field(default_factory=dict)
 
 
+def _uuid5(name: str) -> str:
+    """str(uuid.uuid5(ID_NAMESPACE, name)), three times faster (admission names 10,000s per submission)."""
+    h = bytearray(hashlib.sha1(_NAMESPACE_BYTES + name.encode()).digest()[:16])
+    h[6] = (h[6] & 0x0F) | 0x50  # version 5
+    h[8] = (h[8] & 0x3F) | 0x80  # RFC 4122 variant
+    x = h.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
 def submission_id_for(tenant: str, idempotency_key: str | None, command_id: str) -> str:
     """Same tenant and key: same submission id, whichever node or replay computes it."""
     if idempotency_key:
-        return str(uuid.uuid5(ID_NAMESPACE, f"key/{tenant}/{idempotency_key}"))
-    return str(uuid.uuid5(ID_NAMESPACE, f"command/{command_id}"))
+        return _uuid5(f"key/{tenant}/{idempotency_key}")
+    return _uuid5(f"command/{command_id}")
 
 
 def task_id_for(submission_id: str, name: str) -> str:
-    return str(uuid.uuid5(ID_NAMESPACE, f"task/{submission_id}/{name}"))
+    return _uuid5(f"task/{submission_id}/{name}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -354,11 +366,31 @@ def check_spec(spec: TaskSpec) -> list[FieldError]:
     return errs
 
 
-def check_submission(sub: Submission) -> list[FieldError]:
-    """Every rule a whole submission must satisfy. Empty list: admissible.
+def split_reference(dependency: str) -> tuple[str, str] | None:
+    """`"<idempotency key>/<task name>"` -> (key, name): a task of another submission of the same tenant.
 
-    Dependency rule (this release): a dependency names another task of the same submission. A name that
-    is not in the submission is an error, so no task can wait on something that will never exist.
+    A plain name (no '/') is a task of the same submission and gives None. Names cannot contain '/', so
+    the last '/' separates them; keys may contain '/'.
+    """
+    if "/" not in dependency:
+        return None
+    key, _, name = dependency.rpartition("/")
+    return key, name
+
+
+def reference_id(tenant: str, key: str, name: str) -> str:
+    """The id the task `name` of the tenant's submission with idempotency key `key` has or will have."""
+    return task_id_for(submission_id_for(tenant, key, ""), name)
+
+
+def check_submission(sub: Submission) -> list[FieldError]:
+    """Every rule a whole submission must satisfy on its own. Empty list: admissible so far.
+
+    Dependency rule: a dependency is either the name of another task of this submission, or a reference
+    `"<idempotency key>/<task name>"` to a task of another submission of the same tenant. A name that is
+    not in this submission is an error. A reference may name a task that is not admitted yet: the
+    dependent waits for it (see docs/submissions.md for how long). Cycles that close through other
+    submissions are checked by admission against what it has admitted (`find_cycle` with its index).
     """
     errs: list[FieldError] = []
     if not sub.tasks:
@@ -375,9 +407,31 @@ def check_submission(sub: Submission) -> list[FieldError]:
         errs.extend(check_spec(spec))
     for spec in sub.tasks:
         for d in spec.dependencies:
-            if d not in seen:
+            ref = split_reference(d)
+            if ref is None:
+                if d not in seen:
+                    errs.append(
+                        FieldError(
+                            spec.name,
+                            "dependencies",
+                            f"names {d!r}, which is not a task of this submission"
+                            " (a task of another submission is written '<idempotency key>/<task name>')",
+                        )
+                    )
+                continue
+            key, name = ref
+            if not key or len(key) > 256 or not NAME_RE.match(name):
                 errs.append(
-                    FieldError(spec.name, "dependencies", f"names {d!r}, which is not a task of this submission")
+                    FieldError(
+                        spec.name,
+                        "dependencies",
+                        f"{d!r} is not a reference '<idempotency key>/<task name>' (key 1-256 characters, a valid"
+                        " task name)",
+                    )
+                )
+            elif key == sub.idempotency_key:
+                errs.append(
+                    FieldError(spec.name, "dependencies", f"{d!r} refers to this submission: write just {name!r}")
                 )
     if not errs:
         cycle = find_cycle({s.name: s.dependencies for s in sub.tasks})
@@ -386,12 +440,17 @@ def check_submission(sub: Submission) -> list[FieldError]:
     return errs
 
 
-def find_cycle(graph: dict[str, tuple[str, ...] | list[str]]) -> list[str] | None:
-    """A dependency cycle as a path [a, b, ..., a] (a depends on b ...), or None. Iterative DFS."""
+def find_cycle(graph: Mapping[str, Sequence[str]], roots: Iterable[str] | None = None) -> list[str] | None:
+    """A dependency cycle as a path [a, b, ..., a] (a depends on b ...), or None. Iterative DFS.
+
+    `graph` maps a task to what it depends on; a task absent from it has no dependencies. With `roots`,
+    only cycles reachable from them are looked for (admission: the graph also holds every earlier linked
+    submission, which is known to be acyclic, so only the new tasks can be on a cycle).
+    """
     white, grey, black = 0, 1, 2
-    color = dict.fromkeys(graph, white)
-    for root in graph:
-        if color[root] != white:
+    color: dict[str, int] = {}
+    for root in graph if roots is None else roots:
+        if color.get(root, white) != white:
             continue
         stack: list[tuple[str, int]] = [(root, 0)]
         path: list[str] = [root]
@@ -402,9 +461,10 @@ def find_cycle(graph: dict[str, tuple[str, ...] | list[str]]) -> list[str] | Non
             if i < len(deps):
                 stack[-1] = (node, i + 1)
                 nxt = deps[i]
-                if color.get(nxt, black) == grey:
+                state = color.get(nxt, white)
+                if state == grey:
                     return path[path.index(nxt) :] + [nxt]
-                if color.get(nxt) == white:
+                if state == white and nxt in graph:
                     color[nxt] = grey
                     stack.append((nxt, 0))
                     path.append(nxt)
@@ -418,5 +478,69 @@ def find_cycle(graph: dict[str, tuple[str, ...] | list[str]]) -> list[str] | Non
 def assign_ids(sub: Submission, submission_id: str) -> tuple[dict[str, str], tuple[TaskSpec, ...]]:
     """Map names to system ids and rewrite dependencies from names to ids."""
     ids = {s.name: task_id_for(submission_id, s.name) for s in sub.tasks}
-    specs = tuple(replace(s, dependencies=tuple(ids[d] for d in s.dependencies)) for s in sub.tasks)
+
+    def resolve(d: str) -> str:
+        ref = split_reference(d)
+        return ids[d] if ref is None else reference_id(sub.tenant, *ref)
+
+    specs = tuple(_with_dependencies(s, tuple(resolve(d) for d in s.dependencies)) for s in sub.tasks)
     return ids, specs
+
+
+def _with_dependencies(s: TaskSpec, deps: tuple[str, ...]) -> TaskSpec:
+    """dataclasses.replace(s, dependencies=deps) without its per-call introspection (10x faster)."""
+    return TaskSpec(
+        s.name,
+        s.tenant,
+        s.argv,
+        s.env,
+        s.working_dir,
+        s.resources,
+        s.execution_cap_ms,
+        s.retry_limit,
+        s.backoff,
+        s.delay_tolerance_ms,
+        s.priority,
+        deps,
+        s.not_before_ms,
+        s.labels,
+    )
+
+
+def external_dependencies(sub: Submission) -> bool:
+    """Does any task depend on a task of another submission? Only such submissions can close a cycle
+    through other submissions, so only they need the tenant's serialised check (streams/admitter.py)."""
+    return any(split_reference(d) is not None for s in sub.tasks for d in s.dependencies)
+
+
+def linked_edges(specs: Sequence[TaskSpec], ids: Mapping[str, str], external: set[str]) -> dict[str, list[str]]:
+    """The part of an admitted submission a later cycle could pass through: every task from which a task
+    outside the submission (`external`, ids) can be reached, with its dependencies. A task whose
+    dependencies all stay inside the submission without leaving it is a dead end for any cycle and is
+    left out, which keeps admission's index small."""
+    by_id = {ids[s.name]: s.dependencies for s in specs}
+    reaches: dict[str, bool] = {}
+    order = find_topological(by_id)
+    for tid in order:  # prerequisites first
+        reaches[tid] = any(d in external or reaches.get(d, False) for d in by_id[tid])
+    return {tid: list(deps) for tid, deps in by_id.items() if reaches[tid]}
+
+
+def find_topological(graph: Mapping[str, Sequence[str]]) -> list[str]:
+    """Nodes of an acyclic `graph` with every node after the nodes it depends on (Kahn's algorithm)."""
+    pending = {n: sum(1 for d in deps if d in graph) for n, deps in graph.items()}
+    dependents: dict[str, list[str]] = {}
+    for n, deps in graph.items():
+        for d in deps:
+            if d in graph:
+                dependents.setdefault(d, []).append(n)
+    ready = [n for n, k in pending.items() if k == 0]
+    out: list[str] = []
+    while ready:
+        n = ready.pop()
+        out.append(n)
+        for m in dependents.get(n, ()):
+            pending[m] -= 1
+            if pending[m] == 0:
+                ready.append(m)
+    return out

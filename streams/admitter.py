@@ -1,0 +1,524 @@
+"""The submitter cluster: admission workers that turn commands into events inside Kafka transactions.
+
+Each worker owns some partitions of the commands topic. For every batch of commands from a partition it
+owns it opens a transaction, writes every record the decisions call for (task events, rejections,
+forwarded commands, dead letters, the link index), adds the commands' offsets to the same transaction
+and commits. A worker that dies anywhere in between leaves nothing visible to read_committed readers;
+whoever owns the partition next starts from the last committed offset and decides the same commands
+again, producing the same ids (streams/admission.py), so even a reader that saw uncommitted records
+converges (every reader deduplicates by event id / version).
+
+Who owns what (the seed's cluster manager): every worker writes a heartbeat to the `admission-members`
+topic and reads everyone else's. A member silent for `admission_member_timeout_ms` is dead. Each
+partition belongs to the live member with the highest rendezvous hash for it, so a death moves only the
+dead member's partitions and every survivor computes the same answer without a coordinator. Views can
+disagree for a moment; that is harmless because ownership is enforced by the broker, not by the view:
+the transactional id is per partition (`<prefix>-admission-p<N>`), so a new owner's
+`init_transactions` aborts the previous owner's open transaction and fences it, and any later commit by
+the old owner fails. (Consumer-group rebalancing was not used: noida-db never expires the session of a
+SIGKILLed member, measured in docs/measurements.md.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, Producer, TopicPartition
+from taskstream.connectors import kafka
+from taskstream.connectors.audit import partition_for
+from taskstream.schemas.codec import Codec, DecodeError
+from taskstream.streams.admission import Decision, LinkIndex, decide_command
+from taskstream.streams.context import EVENT_HEADER
+
+from taskstream.settings import Settings
+
+log = logging.getLogger("taskstream.admission")
+FAULT_POINTS = ("before-write", "mid-write", "before-commit", "after-commit")
+BATCH = 200  # commands per transaction at most
+TXN_TIMEOUT_S = 30.0
+IDLE_MAX_S = 0.05
+
+
+def rendezvous_owner(members: list[str], partition: int) -> str:
+    """The member that owns `partition` among `members` (highest random weight hashing)."""
+    return max(members, key=lambda m: hashlib.blake2b(f"{m}|{partition}".encode(), digest_size=8).digest())
+
+
+# --------------------------------------------------------------------------------------------------
+# Membership
+
+
+@dataclass
+class MemberView:
+    member: str
+    heard: float  # time.monotonic() when its newest heartbeat was read here
+    beat: dict[str, Any]
+
+
+class Membership:
+    """Heartbeats out, everyone's heartbeats in (a background thread), and who is alive now."""
+
+    def __init__(self, settings: Settings, member: str, state: Any) -> None:
+        self.s = settings
+        self.member = member
+        self.state = state  # callable -> dict merged into each heartbeat
+        self.topic = settings.topic("admission-members")
+        self.timeout = settings.admission_member_timeout_ms / 1000
+        self.lock = threading.Lock()
+        self.views: dict[str, MemberView] = {}
+        self.caught_up = threading.Event()
+        self.stop = threading.Event()
+        self.producer = kafka.producer(settings, **{"linger.ms": 0})
+        self.consumer = kafka.consumer(settings, f"{settings.topic_prefix}-members-{member}-{os.getpid()}")
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="membership", daemon=True)
+
+    def start(self) -> None:
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)
+        self.consumer.assign([TopicPartition(self.topic, 0, max(low, high - 5000))])
+        self._start_high = high
+        self.beat()
+        self.thread.start()
+
+    def beat(self, leaving: bool = False) -> None:
+        value = {
+            "member": self.member,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "at_ms": int(time.time() * 1000),
+            "state": "left" if leaving else "up",
+            **self.state(),
+        }
+        self.producer.produce(self.topic, key=self.member.encode(), value=json.dumps(value).encode(), partition=0)
+        self.producer.poll(0)
+
+    def _run(self) -> None:
+        interval = self.s.admission_heartbeat_ms / 1000
+        next_beat = time.monotonic() + interval
+        while not self.stop.is_set():
+            msgs = self.consumer.consume(200, timeout=0.01)
+            for msg in msgs:
+                if msg.error():
+                    continue
+                self._heard(msg)
+                if not self.caught_up.is_set() and msg.offset() + 1 >= self._start_high:
+                    self.caught_up.set()
+            if not msgs:
+                kafka.idle_pause(self.consumer, min(0.1, interval / 2), self.stop)
+            if not self.caught_up.is_set() and (self._start_high == 0 or time.monotonic() - self.started > 5):
+                self.caught_up.set()
+            if time.monotonic() >= next_beat:
+                self.beat()
+                next_beat = time.monotonic() + interval
+
+    def _heard(self, msg: Message) -> None:
+        try:
+            beat = json.loads(msg.value() or b"{}")
+            member = beat["member"]
+        except (ValueError, KeyError, TypeError):
+            return
+        now = time.monotonic()
+        if not self.caught_up.is_set():  # old heartbeats read at start: age them by their own clock
+            now -= max(0.0, time.time() - beat.get("at_ms", 0) / 1000)
+        with self.lock:
+            self.views[member] = MemberView(member, now, beat)
+
+    def live(self) -> list[str]:
+        now = time.monotonic()
+        with self.lock:
+            alive = {m for m, v in self.views.items() if v.beat.get("state") == "up" and now - v.heard <= self.timeout}
+        return sorted(alive | {self.member})
+
+    def view(self, member: str) -> MemberView | None:
+        with self.lock:
+            return self.views.get(member)
+
+    def ready(self) -> bool:
+        """Has it heard enough to know who else is alive? (At least one timeout's worth of heartbeats.)"""
+        return self.caught_up.is_set() and time.monotonic() - self.started >= min(self.timeout, 2.0)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.beat(leaving=True)
+        self.producer.flush(5)
+        self.consumer.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The worker
+
+
+@dataclass
+class Owned:
+    partition: int
+    producer: Producer
+    index: LinkIndex
+    since_ms: int
+    took_over_from: str | None
+    orphaned: int  # commands found uncommitted when it was acquired
+
+
+@dataclass
+class InFlight:
+    partition: int
+    first_offset: int
+    last_offset: int
+    commands: int
+    since_ms: int
+
+
+@dataclass
+class Stats:
+    decided: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    forwarded: int = 0
+    dead_lettered: int = 0
+    takeovers: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Admitter:
+    def __init__(self, settings: Settings, index: int = 0, codec: Codec | None = None) -> None:
+        s = self.s = settings
+        self.member = f"{s.node_id or socket.gethostname()}-admission-{index}"
+        self.codec = codec or kafka.make_codec(s)
+        self.commands = s.topic("commands")
+        self.links_topic = s.topic("admission-links")
+        self.topic_names = {k: s.topic(k) for k in ("events", "task-inputs", "dead-letters")}
+        self.group = f"{s.topic_prefix}-{kafka.ADMISSION_GROUP_SUFFIX}"
+        self.consumer = kafka.consumer(s, self.group)
+        self.owned: dict[int, Owned] = {}
+        self.in_flight: InFlight | None = None
+        self.stats = Stats()
+        self.members = Membership(s, self.member, self._beat_state)
+        self.stopping = threading.Event()
+
+    # -- heartbeat content ----------------------------------------------------------------------
+    def _beat_state(self) -> dict[str, Any]:
+        fl = self.in_flight
+        return {
+            "owned": sorted(self.owned),
+            "in_flight": None if fl is None else fl.__dict__,
+            "decided": self.stats.decided,
+            "accepted": self.stats.accepted,
+            "rejected": self.stats.rejected,
+            "forwarded": self.stats.forwarded,
+            "dead_lettered": self.stats.dead_lettered,
+            "takeovers": self.stats.takeovers[-8:],
+        }
+
+    # -- ownership ------------------------------------------------------------------------------
+    def rebalance(self) -> None:
+        if not self.members.ready():
+            return
+        live = self.members.live()
+        want = {p for p in range(self.s.partitions) if rendezvous_owner(live, p) == self.member}
+        for p in sorted(set(self.owned) - want):
+            self.release(p, "another member owns it now")
+        for p in sorted(want - set(self.owned)):
+            self.acquire(p, live)
+
+    def acquire(self, p: int, live: list[str]) -> None:
+        prod = kafka.producer(
+            self.s,
+            **{
+                "transactional.id": f"{self.s.topic_prefix}-admission-p{p}",
+                "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
+                "partitioner": "murmur2_random",  # where Kafka's Java clients (and Faust) put a key
+                "linger.ms": 2,
+            },
+        )
+        prod.init_transactions(30)  # aborts the previous owner's open transaction, fences it
+        index = self._load_index(p)
+        committed = self.consumer.committed([TopicPartition(self.commands, p)], timeout=10)[0].offset
+        start = committed if committed >= 0 else OFFSET_BEGINNING
+        _, high = self.consumer.get_watermark_offsets(TopicPartition(self.commands, p), timeout=10)
+        orphaned = max(0, high - max(committed, 0))
+        previous = self._previous_owner(p, live)
+        self.owned[p] = Owned(p, prod, index, int(time.time() * 1000), previous, orphaned)
+        self.consumer.incremental_assign([TopicPartition(self.commands, p, start)])
+        self.members.beat()  # say so at once: whoever takes over after a crash knows whom from
+        if previous and previous not in live:
+            seen = self.members.view(previous)
+            silent = time.monotonic() - seen.heard if seen else float("nan")
+            self.stats.takeovers.append(
+                {"partition": p, "from": previous, "at_ms": int(time.time() * 1000), "orphaned": orphaned}
+            )
+            log.warning(
+                "took over commands partition %d from %s (silent %.1fs): %d command(s) not yet committed",
+                p,
+                previous,
+                silent,
+                orphaned,
+            )
+        else:
+            handed = f" (handed over by {previous})" if previous else ""
+            log.info("owns commands partition %d%s from offset %s (%d to decide)", p, handed, start, orphaned)
+
+    def _previous_owner(self, p: int, live: list[str]) -> str | None:
+        with self.members.lock:
+            views = list(self.members.views.values())
+        for v in views:
+            if v.member != self.member and p in (v.beat.get("owned") or []):
+                return v.member
+        return None
+
+    def release(self, p: int, why: str) -> None:
+        owned = self.owned.pop(p, None)
+        if owned is None:
+            return
+        try:
+            self.consumer.incremental_unassign([TopicPartition(self.commands, p)])
+        except KafkaException as exc:
+            log.warning("unassigning partition %d: %s", p, exc)
+        self.members.beat()
+        log.info("released commands partition %d: %s", p, why)
+
+    def _load_index(self, p: int) -> LinkIndex:
+        """Read this partition's link index from its topic (read_committed: only committed admissions)."""
+        index = LinkIndex()
+        tp = TopicPartition(self.links_topic, p)
+        reader = kafka.consumer(self.s, f"{self.group}-index-{os.getpid()}", **{"enable.partition.eof": True})
+        try:
+            low, high = reader.get_watermark_offsets(tp, timeout=10)
+            if high <= low:
+                return index
+            reader.assign([TopicPartition(self.links_topic, p, low)])
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                msgs = reader.consume(500, timeout=0.5)
+                if any(m.error() and m.error().code() == KafkaError._PARTITION_EOF for m in msgs):
+                    for m in msgs:
+                        if not m.error() and m.value():
+                            index.add(json.loads(m.value()))
+                    break
+                for m in msgs:
+                    if not m.error() and m.value():
+                        index.add(json.loads(m.value()))
+            else:
+                raise RuntimeError(f"could not read the link index of commands partition {p} within 120 s")
+        finally:
+            reader.close()
+        return index
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.members.start()
+        try:
+            last_rebalance = 0.0
+            idle = 0.0
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                if now - last_rebalance >= 0.2:
+                    self.rebalance()
+                    last_rebalance = now
+                if not self.owned:
+                    time.sleep(0.05)
+                    continue
+                msgs = self.consumer.consume(BATCH, timeout=0.01)
+                if not msgs:  # grow a pause while idle, up to 50 ms (ARCHITECTURE.md: noida-db never waits)
+                    idle = min(IDLE_MAX_S, idle + IDLE_MAX_S / 5)
+                    kafka.idle_pause(self.consumer, idle, self.stopping)
+                    continue
+                idle = 0.0
+                by_partition: dict[int, list[Message]] = {}
+                for m in msgs:
+                    if m.error():
+                        if m.error().code() != KafkaError._PARTITION_EOF:
+                            log.warning("commands consumer: %s", m.error())
+                        continue
+                    by_partition.setdefault(m.partition(), []).append(m)
+                for p, batch in by_partition.items():
+                    if p in self.owned:
+                        self.admit_batch(self.owned[p], batch)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for p in list(self.owned):
+            self.release(p, "shutting down")
+        self.members.close()
+        self.consumer.close()
+
+    # -- one transaction ------------------------------------------------------------------------
+    def admit_batch(self, owned: Owned, batch: list[Message]) -> None:
+        p = owned.partition
+        prod = owned.producer
+        self.in_flight = InFlight(p, batch[0].offset(), batch[-1].offset(), len(batch), int(time.time() * 1000))
+        self._fault("before-write")
+        added: list[dict[str, Any]] = []
+        counts = Stats()
+        try:
+            prod.begin_transaction()
+            for i, msg in enumerate(batch):
+                self._admit_one(owned, msg, added, counts)
+                if i == 0:
+                    self._fault("mid-write", flush=prod)
+            prod.flush(TXN_TIMEOUT_S)
+            self._fault("before-commit")
+            offsets = [TopicPartition(self.commands, p, batch[-1].offset() + 1)]
+            prod.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+            self._commit(prod)
+        except KafkaException as exc:
+            self._failed(owned, batch, exc)
+            return
+        finally:
+            self.in_flight = None
+        self._fault("after-commit")
+        for k in ("decided", "accepted", "rejected", "forwarded", "dead_lettered"):
+            setattr(self.stats, k, getattr(self.stats, k) + getattr(counts, k))
+
+    def _commit(self, prod: Producer) -> None:
+        while True:
+            try:
+                prod.commit_transaction(TXN_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                if exc.args[0].retriable():
+                    continue
+                raise
+
+    def _failed(self, owned: Owned, batch: list[Message], exc: KafkaException) -> None:
+        err = exc.args[0]
+        p = owned.partition
+        if err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+            # Someone else owns the partition now (or the producer is unusable): its transaction was
+            # aborted by the broker; let rebalance() acquire afresh if this member still should own it.
+            log.warning("commands partition %d: transaction fenced (%s); giving it up", p, err.str())
+            self.release(p, "fenced")
+            return
+        log.warning("commands partition %d: transaction failed (%s); aborting and retrying the batch", p, err.str())
+        try:
+            owned.producer.abort_transaction(TXN_TIMEOUT_S)
+        except KafkaException as abort_exc:
+            log.warning("abort failed (%s); giving partition %d up", abort_exc, p)
+            self.release(p, "abort failed")
+            return
+        owned.index = self._load_index(p)  # forget links added by the aborted transaction
+        self.consumer.seek(TopicPartition(self.commands, p, batch[0].offset()))
+
+    def _admit_one(self, owned: Owned, msg: Message, added: list[dict[str, Any]], counts: Stats) -> None:
+        prod = owned.producer
+        p = owned.partition
+        try:
+            cmd = self.codec.decode("command", msg.value())
+        except DecodeError as err:
+            log.warning("command at %s[%d]@%d is undecodable: %s", msg.topic(), p, msg.offset(), err.reason)
+            prod.produce(
+                self.topic_names["dead-letters"],
+                key=msg.key(),
+                value=msg.value(),
+                headers=_dead_letter_headers(msg, err.reason),
+            )
+            counts.dead_lettered += 1
+            return
+        at_ms = msg.timestamp()[1]  # log time: the same on every reprocessing
+        try:
+            decision = decide_command(
+                self.member,
+                cmd,
+                at_ms,
+                partition=p,
+                tenant_partition=self.tenant_partition,
+                index=owned.index,
+            )
+        except Exception as exc:  # a bug on this record must not stall the partition: dead-letter it
+            log.exception("admission failed on %s[%d]@%d", msg.topic(), p, msg.offset())
+            prod.produce(
+                self.topic_names["dead-letters"],
+                key=msg.key(),
+                value=msg.value(),
+                headers=_dead_letter_headers(msg, f"admission failed on this record: {type(exc).__name__}: {exc}"),
+            )
+            counts.dead_lettered += 1
+            return
+        self._write(prod, msg, decision, counts)
+        if decision.link_entry is not None:
+            entry = decision.link_entry
+            prod.produce(
+                self.links_topic,
+                key=entry["submission_id"].encode(),
+                value=LinkIndex.entry_bytes(entry),
+                partition=p,
+            )
+            owned.index.add(entry)  # visible to the rest of this batch; reloaded if the batch aborts
+            added.append(entry)
+
+    def _write(self, prod: Producer, msg: Message, decision: Decision, counts: Stats) -> None:
+        if decision.forward_to is not None:
+            headers = [("taskstream.forwarded-from", f"{msg.partition()}@{msg.offset()}".encode())]
+            prod.produce(
+                self.commands, key=msg.key(), value=msg.value(), partition=decision.forward_to, headers=headers
+            )
+            counts.forwarded += 1
+            return
+        for topic_key, key, rec in decision.sends:
+            headers = [(EVENT_HEADER, rec.kind.encode())] if topic_key == "events" else None
+            prod.produce(self.topic_names[topic_key], key=key.encode(), value=self.codec.encode(rec), headers=headers)
+            if len(prod) > 50_000:
+                prod.poll(0)
+        counts.decided += 1
+        if decision.accepted:
+            counts.accepted += 1
+        elif decision.sends and decision.sends[0][0] == "events":
+            counts.rejected += 1
+
+    def tenant_partition(self, tenant: str) -> int:
+        return partition_for(tenant.encode(), self.s.partitions)
+
+    # -- fault injection (tests) ----------------------------------------------------------------
+    def _fault(self, point: str, flush: Producer | None = None) -> None:
+        s = self.s
+        if s.admission_fault != point or not s.admission_fault_file:
+            return
+        marker = s.admission_fault_file
+        if os.path.exists(marker):
+            return
+        if flush is not None:
+            flush.flush(10)  # make the partial writes reach the broker before dying
+        with open(marker, "w") as f:
+            f.write(f"{self.member} pid {os.getpid()} killed itself at {point}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        log.warning("fault injection: SIGKILL at %s", point)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _dead_letter_headers(msg: Message, reason: str) -> list[tuple[str, bytes]]:
+    return [
+        ("taskstream.error", reason.encode()[:2000]),
+        ("taskstream.source.topic", str(msg.topic()).encode()),
+        ("taskstream.source.partition", str(msg.partition()).encode()),
+        ("taskstream.source.offset", str(msg.offset()).encode()),
+        ("taskstream.detected.by", b"admission"),
+    ]
+
+
+def run_admitter(settings: Settings, index: int, on_ready: Any = None) -> None:
+    """Run one admission worker until SIGTERM/SIGINT."""
+    admitter = Admitter(settings, index)
+
+    def stop(*_: object) -> None:
+        admitter.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if on_ready is not None:
+        threading.Thread(target=_when_ready, args=(admitter, on_ready), daemon=True).start()
+    admitter.run()
+
+
+def _when_ready(admitter: Admitter, on_ready: Any) -> None:
+    while not admitter.members.ready() and not admitter.stopping.is_set():
+        time.sleep(0.1)
+    on_ready()

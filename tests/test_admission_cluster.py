@@ -1,0 +1,430 @@
+"""The submitter cluster on a real stack: admission workers are real processes, killed with real SIGKILLs.
+
+This module runs its own stack with no admission workers of its own; each test starts the workers it
+needs (`taskstream serve admission`), so it decides who dies and where. What is checked after each crash:
+every command ends decided exactly once (accepted or rejected) in the committed log, no task id is
+admitted twice, every admitted task has its edges and every edge its task, in the log, in PostgreSQL and
+in the graph; the records the dead worker had written but not committed exist in the log and are
+invisible to read_committed readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from taskstream.connectors.audit import partition_for
+from taskstream.connectors.kafka import make_codec
+from taskstream.connectors.services import ready_file
+from taskstream.projections.graph_service import GraphClient
+from taskstream.schemas import records as r
+from taskstream.streams.admitter import rendezvous_owner
+
+from taskstream.core import events as e
+from taskstream.core.submission import Submission, parse_document, reference_id, submission_id_for
+from taskstream.sdk import Client
+from tests.conftest import ROOT, Stack, wait_until
+
+pytestmark = pytest.mark.stack
+
+TENANT = "crashco"
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A stack without admission workers (the tests start and kill them), short waits for references."""
+    s = Stack(tmp_path_factory.mktemp("cluster") / "state")
+    s.env.update(
+        TASKSTREAM_ADMISSION_WORKERS="0",
+        TASKSTREAM_ADMISSION_MEMBER_TIMEOUT_MS="3000",
+        TASKSTREAM_REFERENCE_WAIT_MS="4000",
+    )
+    s.settings = type(s.settings).from_env(s.env)
+    try:
+        s.up()
+    except AssertionError:
+        print(s.logs())
+        s.down()
+        raise
+    yield s
+    s.down()
+
+
+class Workers:
+    """Admission worker processes started by a test; all stopped (SIGTERM) when it ends."""
+
+    def __init__(self, stack: Stack, tmp: Path) -> None:
+        self.stack, self.tmp = stack, tmp
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, index: int, **env: str) -> subprocess.Popen[bytes]:
+        ready = ready_file(self.stack.settings, f"admission-{index}")
+        ready.unlink(missing_ok=True)
+        log = (self.tmp / f"admission-{index}.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "taskstream", "serve", "admission", "--index", str(index)],
+            env={**self.stack.env, **env},
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs[index] = proc
+        return proc
+
+    def wait_ready(self, *indices: int) -> None:
+        for i in indices:
+            wait_until(lambda i=i: ready_file(self.stack.settings, f"admission-{i}").exists(), 60, f"admission-{i}")
+
+    def log(self, index: int) -> str:
+        return (self.tmp / f"admission-{index}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def workers(bare: Stack, tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(bare, tmp_path)
+    yield w
+    w.stop()
+
+
+def split_pair(settings: Any) -> tuple[int, int, set[int]]:
+    """Two worker indices that both own partitions when alive together, and the first one's partitions."""
+    host = settings.node_id or socket.gethostname()
+    for a in range(8):
+        for b in range(8):
+            if a == b:
+                continue
+            members = sorted([f"{host}-admission-{a}", f"{host}-admission-{b}"])
+            owners = {p: rendezvous_owner(members, p) for p in range(settings.partitions)}
+            mine = {p for p, m in owners.items() if m == f"{host}-admission-{a}"}
+            if 0 < len(mine) < settings.partitions:
+                return a, b, mine
+    raise AssertionError("no pair of admission workers splits the partitions")
+
+
+def doc(key: str, n: int, linked_to: str | None = None, bad: bool = False) -> Submission:
+    tasks: list[dict[str, Any]] = []
+    for i in range(n):
+        deps = [f"t{i - 1}"] if i else ([f"{linked_to}/t0"] if linked_to else [])
+        tasks.append({"name": f"t{i}", "argv": ["true"], "dependencies": deps})
+    sub = parse_document({"tenant": TENANT, "idempotency_key": key, "tasks": tasks})
+    if bad:  # a retry limit over the limit on one task: the whole submission is rejected
+        return dataclasses.replace(sub, tasks=(*sub.tasks[:-1], dataclasses.replace(sub.tasks[-1], retry_limit=10_000)))
+    return sub
+
+
+def produce_many(stack: Stack, subs: list[tuple[Submission, int]]) -> list[str]:
+    """Produce SubmitDags to chosen partitions (as any producer may) in one flush; their command ids."""
+    codec = make_codec(stack.settings)
+    p = Producer({"bootstrap.servers": stack.settings.bootstrap, "linger.ms": 50})
+    ids = []
+    for sub, partition in subs:
+        cmd = r.CommandRecord(
+            command_id=str(uuid.uuid4()),
+            issued_ms=int(time.time() * 1000),
+            body=r.SubmitDag(sub.tenant, sub.tasks, sub.idempotency_key, {}),
+            issuer="crash-test",
+        )
+        p.produce(
+            stack.settings.topic("commands"), key=cmd.command_id.encode(), value=codec.encode(cmd), partition=partition
+        )
+        ids.append(cmd.command_id)
+    assert p.flush(30) == 0
+    return ids
+
+
+def produce_to(stack: Stack, sub: Submission, partition: int) -> str:
+    return produce_many(stack, [(sub, partition)])[0]
+
+
+def read_log(stack: Stack, topic_key: str, committed: bool) -> list[Any]:
+    s = stack.settings
+    c = Consumer(
+        {
+            "bootstrap.servers": s.bootstrap,
+            "group.id": f"t-{uuid.uuid4()}",
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed" if committed else "read_uncommitted",
+            "receive.message.max.bytes": 2_147_483_647,
+        }
+    )
+    topic = s.topic(topic_key)
+    c.assign([TopicPartition(topic, p, 0) for p in range(s.partitions)])
+    out, eof = [], set()
+    deadline = time.monotonic() + 60
+    while len(eof) < s.partitions and time.monotonic() < deadline:
+        for m in c.consume(500, 0.5):
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add(m.partition())
+                continue
+            out.append(m)
+    c.close()
+    return out
+
+
+def decisions(stack: Stack, committed: bool = True) -> tuple[Counter[str], Counter[str], list[r.EventRecord]]:
+    """Per command id: how many decisions; per task id: how many TaskSubmitted; all decoded events."""
+    codec = make_codec(stack.settings)
+    recs = [codec.decode("event", m.value()) for m in read_log(stack, "events", committed)]
+    per_command = Counter(
+        x.payload.command_id for x in recs if isinstance(x.payload, r.SubmissionAccepted | r.SubmissionRejected)
+    )
+    per_task = Counter(x.task_id for x in recs if isinstance(x.payload, e.TaskSubmitted))
+    return per_command, per_task, recs
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["before-write", "mid-write", "before-commit", "after-commit"])
+def test_sigkill_inside_admission_then_the_survivor_takes_over(
+    bare: Stack, workers: Workers, tmp_path: Path, point: str
+) -> None:
+    s = bare.settings
+    a, b, a_parts = split_pair(s)
+    run = uuid.uuid4().hex[:8]
+    home = partition_for(TENANT.encode(), s.partitions)
+    marker = tmp_path / "killed"
+    doomed = workers.start(a, TASKSTREAM_ADMISSION_FAULT=point, TASKSTREAM_ADMISSION_FAULT_FILE=str(marker))
+    workers.start(b)
+    workers.wait_ready(a, b)
+    wait_until(lambda: all(f"owns commands partition {p} " in workers.log(a) for p in a_parts), 30, "a's partitions")
+    sent: dict[str, tuple[Submission, bool]] = {}  # command id -> (submission, admissible)
+    commands = []
+    for p in range(s.partitions):  # several commands on every partition, produced together: one batch
+        for j in range(3):
+            commands.append((doc(f"{run}-p{p}-{j}", 4), True, p))
+        commands.append((doc(f"{run}-bad{p}", 3, bad=True), False, p))
+    # a linked submission, sent away from the tenant's partition: forwarded there, decided there
+    commands.append((doc(f"{run}-linked", 2, linked_to=f"{run}-p0-0"), True, (home + 1) % s.partitions))
+    for cid, (sub, ok, _) in zip(produce_many(bare, [(sub, p) for sub, _, p in commands]), commands, strict=True):
+        sent[cid] = (sub, ok)
+    assert doomed.wait(90) == -signal.SIGKILL, workers.log(a)
+    killed_at = marker.stat().st_mtime
+    assert f"SIGKILL at {point}" in workers.log(a)
+
+    # the survivor takes the dead worker's partitions over and decides everything
+    def all_decided() -> bool:
+        counts = decisions(bare)[0]
+        return all(counts[c] >= 1 for c in sent)
+
+    wait_until(all_decided, 120, "every command decided", every=1.0)
+    took_over = time.time() - killed_at
+    log_b = workers.log(b)
+    for p in a_parts:
+        assert f"took over commands partition {p} from" in log_b, log_b
+    print(f"\n{point}: every orphaned admission decided {took_over:.1f}s after the SIGKILL")
+
+    # exactly once, in the committed log
+    per_command, per_task, recs = decisions(bare)
+    assert all(per_command[c] == 1 for c in sent), {c: per_command[c] for c in sent if per_command[c] != 1}
+    accepted = {
+        x.submission_id: x.payload
+        for x in recs
+        if isinstance(x.payload, r.SubmissionAccepted) and x.payload.command_id in sent
+    }
+    rejected = [x for x in recs if isinstance(x.payload, r.SubmissionRejected) and x.payload.command_id in sent]
+    assert len(accepted) == sum(ok for _, ok in sent.values())
+    assert {x.payload.command_id for x in rejected} == {c for c, (_, ok) in sent.items() if not ok}
+    ids = {tid for acc in accepted.values() for tid in acc.task_ids.values()}
+    assert all(per_task[t] == 1 for t in ids), "a task admitted twice"
+    specs = {x.task_id: x.payload.spec for x in recs if isinstance(x.payload, e.TaskSubmitted) and x.task_id in ids}
+    assert set(specs) == ids, "an accepted task without its TaskSubmitted"
+    known = ids | {reference_id(TENANT, f"{run}-p0-0", "t0")}
+    assert all(d in known for sp in specs.values() for d in sp.dependencies), "an edge to nothing"
+
+    # what the dead worker wrote and never committed is in the log, invisible to committed readers
+    all_per_command, _, _ = decisions(bare, committed=False)
+    uncommitted_extra = sum(all_per_command[c] for c in sent) - len(sent)
+    if point in ("mid-write", "before-commit"):
+        assert uncommitted_extra > 0, "the crash should have left aborted decisions in the log"
+    else:
+        assert uncommitted_extra == 0
+
+    # both projections: every accepted task with exactly its edges, nothing of the aborted writes extra
+    expected_edges = {(t, d) for t, sp in specs.items() for d in sp.dependencies}
+
+    def projected() -> str | None:
+        """None when both projections show exactly the admitted tasks and edges; else what differs."""
+        with psycopg.connect(s.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT task_id::text, dependencies::text[] FROM tasks WHERE submission_id = ANY(%s::uuid[])",
+                (list(accepted),),
+            ).fetchall()
+        pg_edges = {(t, d) for t, deps in rows for d in deps}
+        graph = GraphClient(s.graph_url)
+        g_nodes = {n[0] for sid in accepted for n in graph.nodes(sid)}
+        g_edges = {tuple(x) for sid in accepted for x in graph.edges(sid)}
+        diffs = {
+            "pg tasks": len({t for t, _ in rows} ^ ids),
+            "pg edges": len(pg_edges ^ expected_edges),
+            "graph nodes": len(g_nodes ^ ids),
+            "graph edges": len(g_edges ^ expected_edges),
+        }
+        return None if not any(diffs.values()) else f"differences {diffs}; lag {bare.cli('status').stdout[-1500:]}"
+
+    last: list[str | None] = [None]
+
+    def settled() -> bool:
+        last[0] = projected()
+        return last[0] is None
+
+    try:
+        wait_until(settled, 90, "both projections to show every admitted task and edge", every=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {last[0]}") from None
+    with psycopg.connect(s.dsn, autocommit=True) as conn:
+        n = conn.execute(
+            "SELECT count(*) FROM submissions WHERE command_id = ANY(%s::text[])", (list(sent),)
+        ).fetchone()
+    assert n is not None and n[0] == len(sent)
+
+
+def test_linked_submissions_racing_on_different_partitions_never_close_a_cycle(bare: Stack, workers: Workers) -> None:
+    """Each pair depends on each other; the two halves are produced at once to two different partitions
+    owned by two different workers. One half is admitted, the other rejected with the cycle named."""
+    s = bare.settings
+    a, b, a_parts = split_pair(s)
+    workers.start(a)
+    workers.start(b)
+    workers.wait_ready(a, b)
+    client = Client(s)
+    pa = min(a_parts)
+    pb = min(set(range(s.partitions)) - a_parts)
+    pairs = []
+    for _ in range(5):
+        k1, k2 = f"race-{uuid.uuid4().hex[:6]}-x", f"race-{uuid.uuid4().hex[:6]}-y"
+        s1 = parse_document(
+            {
+                "tenant": TENANT,
+                "idempotency_key": k1,
+                "tasks": [{"name": "x", "argv": ["true"], "dependencies": [f"{k2}/y"]}],
+            }
+        )
+        s2 = parse_document(
+            {
+                "tenant": TENANT,
+                "idempotency_key": k2,
+                "tasks": [{"name": "y", "argv": ["true"], "dependencies": [f"{k1}/x"]}],
+            }
+        )
+        pairs.append((produce_to(bare, s1, pa), produce_to(bare, s2, pb), k1, k2))
+    for c1, c2, k1, k2 in pairs:
+        o1 = client.wait_outcome(submission_id_for(TENANT, k1, c1), 60, command_id=c1)
+        o2 = client.wait_outcome(submission_id_for(TENANT, k2, c2), 60, command_id=c2)
+        assert sorted([o1.accepted, o2.accepted]) == [False, True], (o1, o2)
+        loser = o2 if o1.accepted else o1
+        reason = loser.errors[0]["reason"]
+        assert "closes a cycle through other submissions" in reason
+        assert {f"{k1}/x", f"{k2}/y"} & set(reason.replace(" -> ", " ").split()), reason
+
+
+def test_a_copy_at_another_node_returns_the_same_ids_and_admits_nothing_new(bare: Stack, workers: Workers) -> None:
+    s = bare.settings
+    a, b, a_parts = split_pair(s)
+    workers.start(a)
+    workers.start(b)
+    workers.wait_ready(a, b)
+    client = Client(s)
+    sub = doc(f"copy-{uuid.uuid4().hex[:8]}", 3)
+    first = produce_to(bare, sub, min(a_parts))
+    second = produce_to(bare, sub, min(set(range(s.partitions)) - a_parts))
+    sid = submission_id_for(TENANT, sub.idempotency_key, first)
+    o1 = client.wait_outcome(sid, 60, command_id=first)
+    wait_until(lambda: decisions(bare)[0][second] == 1, 60, "the second copy decided")
+    o2 = client.wait_outcome(sid, 60, command_id=second)
+    assert o1.accepted and o2.accepted and o1.task_ids == o2.task_ids
+    with psycopg.connect(s.dsn, autocommit=True) as conn:
+        n = conn.execute("SELECT count(*) FROM tasks WHERE submission_id = %s", (sid,)).fetchone()
+    assert n is not None and n[0] == 3
+
+
+def test_cluster_command_shows_members_partitions_and_a_death(bare: Stack, workers: Workers) -> None:
+    s = bare.settings
+    a, b, a_parts = split_pair(s)
+    workers.start(a)
+    victim = workers.start(b)
+    workers.wait_ready(a, b)
+
+    def shown() -> dict[str, Any] | None:
+        out = json.loads(bare.cli("cluster", "--json").stdout)
+        live = {m["member"]: m for m in out["members"] if m["alive"]}
+        return (
+            out
+            if len(live) == 2 and sorted(p for m in live.values() for p in m["owned"]) == list(range(s.partitions))
+            else None
+        )
+
+    out = wait_until(shown, 30, "two live members sharing every partition")
+    assert all("backlog" in p for p in out["partitions"])
+    text = bare.cli("cluster").stdout
+    assert f"admission-{a}" in text and f"admission-{b}" in text
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+
+    def taken_over() -> dict[str, Any] | None:
+        out = json.loads(bare.cli("cluster", "--json").stdout)
+        live = [m for m in out["members"] if m["alive"]]
+        return out if len(live) == 1 and sorted(live[0]["owned"]) == list(range(s.partitions)) else None
+
+    out = wait_until(taken_over, 30, "the survivor to own every partition")
+    dead = [m for m in out["members"] if not m["alive"]]
+    assert any(m["member"].endswith(f"admission-{b}") for m in dead)
+
+
+def test_a_reference_that_is_never_admitted_cancels_its_dependents(bare: Stack, workers: Workers) -> None:
+    """The rule for dependencies on tasks that do not exist: the dependent waits for the task to be
+    admitted, up to reference_wait_ms (4 s on this stack), and is then cancelled with that reason."""
+    s = bare.settings
+    workers.start(0)
+    workers.wait_ready(0)
+    client = Client(s)
+    key = f"orphan-{uuid.uuid4().hex[:8]}"
+    sub = parse_document(
+        {
+            "tenant": TENANT,
+            "idempotency_key": key,
+            "tasks": [
+                {"name": "waits", "argv": ["true"], "dependencies": ["never-sent/anything"]},
+                {"name": "after", "argv": ["true"], "dependencies": ["waits"]},
+            ],
+        }
+    )
+    cid, sid = client.submit(sub)
+    out = client.wait_outcome(sid, 60, command_id=cid)
+    assert out.accepted
+
+    def cancelled() -> list[Any] | None:
+        with psycopg.connect(s.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT name, status, reason FROM tasks WHERE submission_id = %s ORDER BY name", (sid,)
+            ).fetchall()
+        return rows if len(rows) == 2 and all(x[1] == "CANCELLED" for x in rows) else None
+
+    rows = wait_until(cancelled, 60, "both tasks cancelled")
+    waits = dict((n, why) for n, _, why in rows)["waits"]
+    missing = reference_id(TENANT, "never-sent", "anything")
+    assert waits == f"prerequisite {missing} was not admitted within 4s", waits

@@ -1,0 +1,94 @@
+"""Admission's decisions, pure (streams/admission.py): no broker, the link index given by hand."""
+
+from __future__ import annotations
+
+from taskstream.schemas import records as r
+from taskstream.streams.admission import LinkIndex, decide_command
+
+from taskstream.core import events as e
+from taskstream.core.submission import parse_document, reference_id
+
+
+def command(key: str, tasks: list[dict[str, object]], tenant: str = "acme") -> r.CommandRecord:
+    sub = parse_document({"tenant": tenant, "idempotency_key": key, "tasks": tasks})
+    return r.CommandRecord(f"cmd-{key}", 1, r.SubmitDag(tenant, sub.tasks, key, {}), "test")
+
+
+def decide(cmd: r.CommandRecord, index: LinkIndex, partition: int = 0, home: int = 0):  # type: ignore[no-untyped-def]
+    return decide_command("node", cmd, 1000, partition=partition, tenant_partition=lambda _t: home, index=index)
+
+
+def admit(cmd: r.CommandRecord, index: LinkIndex):  # type: ignore[no-untyped-def]
+    d = decide(cmd, index)
+    assert d.accepted, d.sends
+    if d.link_entry:
+        index.add(d.link_entry)
+    return d
+
+
+def test_a_submission_closing_a_cycle_through_earlier_ones_is_rejected_with_the_cycle_named() -> None:
+    index = LinkIndex()
+    # k1: a waits for k2/b (not admitted yet); a2 waits for a.  k3: c waits for k1/a2.
+    admit(
+        command(
+            "k1",
+            [
+                {"name": "a", "argv": ["x"], "dependencies": ["k2/b"]},
+                {"name": "a2", "argv": ["x"], "dependencies": ["a"]},
+            ],
+        ),
+        index,
+    )
+    admit(command("k3", [{"name": "c", "argv": ["x"], "dependencies": ["k1/a2"]}]), index)
+    # k2: b waits for k3/c: b -> k3/c -> k1/a2 -> k1/a -> b
+    d = decide(command("k2", [{"name": "b", "argv": ["x"], "dependencies": ["k3/c"]}]), index)
+    assert not d.accepted and len(d.sends) == 1
+    rejected = d.sends[0][2].payload
+    assert isinstance(rejected, r.SubmissionRejected)
+    (problem,) = rejected.errors
+    assert (problem.task, problem.field) == ("b", "dependencies")
+    assert problem.reason == "closes a cycle through other submissions: b -> k3/c -> k1/a2 -> k1/a -> b"
+
+
+def test_the_same_references_without_a_cycle_are_admitted_with_ids_from_the_keys() -> None:
+    index = LinkIndex()
+    admit(command("k1", [{"name": "a", "argv": ["x"], "dependencies": ["k2/b"]}]), index)
+    d = admit(command("k2", [{"name": "b", "argv": ["x"]}]), index)
+    submitted = [rec.payload for _, _, rec in d.sends if isinstance(rec.payload, e.TaskSubmitted)]
+    assert [rec.task_id for _, _, rec in d.sends if isinstance(rec.payload, e.TaskSubmitted)] == [
+        reference_id("acme", "k2", "b")
+    ]
+    assert submitted[0].spec.dependencies == ()
+
+
+def test_a_linked_submission_is_forwarded_to_its_tenants_partition_and_writes_nothing_else() -> None:
+    d = decide(command("k1", [{"name": "a", "argv": ["x"], "dependencies": ["k2/b"]}]), LinkIndex(), 3, home=1)
+    assert (d.forward_to, d.sends, d.accepted) == (1, [], False)
+    unlinked = decide(command("k9", [{"name": "a", "argv": ["x"]}]), LinkIndex(), 3, home=1)
+    assert unlinked.accepted and unlinked.forward_to is None and unlinked.link_entry is None
+
+
+def test_the_index_keeps_only_tasks_from_which_another_submission_is_reached() -> None:
+    index = LinkIndex()
+    admit(
+        command(
+            "k1",
+            [
+                {"name": "root", "argv": ["x"]},
+                {"name": "mid", "argv": ["x"], "dependencies": ["root", "k0/z"]},
+                {"name": "top", "argv": ["x"], "dependencies": ["mid"]},
+                {"name": "side", "argv": ["x"], "dependencies": ["root"]},
+            ],
+        ),
+        index,
+    )
+    kept = {index.labels[t] for t in index.edges}
+    assert kept == {"k1/mid", "k1/top"}  # root and side cannot be on a cycle through other submissions
+
+
+def test_a_rejected_submission_adds_nothing_to_the_index() -> None:
+    index = LinkIndex()
+    admit(command("k1", [{"name": "a", "argv": ["x"], "dependencies": ["k2/b"]}]), index)
+    before = dict(index.edges)
+    decide(command("k2", [{"name": "b", "argv": ["x"], "dependencies": ["k1/a"]}]), index)
+    assert index.edges == before

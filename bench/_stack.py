@@ -20,13 +20,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def embedded_stack() -> Iterator[dict[str, str]]:
-    """Yields the TASKSTREAM_* environment of a running stack; stops it afterwards."""
+def embedded_stack(**extra: str) -> Iterator[dict[str, str]]:
+    """Yields the TASKSTREAM_* environment of a running stack (plus `extra` settings); stops it afterwards."""
     state = Path(tempfile.mkdtemp(prefix="taskstream-bench-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
     env["TASKSTREAM_STATE_DIR"] = str(state)
     for name in ("KAFKA", "REGISTRY", "POSTGRES", "GRAPH", "WORKER"):
         env[f"TASKSTREAM_{name}_PORT"] = str(free_port())
+    env.update({f"TASKSTREAM_{k.upper()}": v for k, v in extra.items()})
     cli = [sys.executable, "-m", "taskstream"]
     subprocess.run([*cli, "up"], env=env, check=True, capture_output=True)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -137,7 +138,7 @@ def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
     return Consumer(conf)
 
 
-def idle_pause(c: Consumer, seconds: float, stop: Any = None) -> None:
+def idle_pause(c: Consumer, seconds: float, stop: Any = None, seek: bool = True) -> None:
     """Stop fetching for `seconds`: noida-db answers empty fetches at once (ARCHITECTURE.md), so an idle
     librdkafka consumer would otherwise spin at hundreds of fetches a second (~40% of a core, measured).
 
@@ -146,7 +147,7 @@ def idle_pause(c: Consumer, seconds: float, stop: Any = None) -> None:
     delay 0.05 s). Callers should consume with a short timeout (~10 ms) after this returns.
     """
     parts = c.assignment()
-    positions = [tp for tp in c.position(parts) if tp.offset >= 0] if parts else []
+    positions = [tp for tp in c.position(parts) if tp.offset >= 0] if parts and seek else []
     if parts:
         c.pause(parts)
     if stop is not None:
@@ -156,10 +157,8 @@ def idle_pause(c: Consumer, seconds: float, stop: Any = None) -> None:
     if parts:
         c.resume(parts)
         for tp in positions:
-            try:
+            with contextlib.suppress(KafkaException):  # unassigned meanwhile
                 c.seek(tp)
-            except KafkaException:  # unassigned meanwhile
-                pass
 
 
 ENVELOPE_OF_TOPIC = {t.key: t.envelope for t in TOPICS}

@@ -155,7 +155,7 @@ class ProjectionRunner:
             # Nothing new. librdkafka refetches as soon as an empty answer arrives and noida-db answers at
             # once, so stop fetching for a moment (pause), growing the pause while it stays idle.
             idle = min(idle_max, idle + idle_max / 5)
-            idle_pause(self.consumer, idle, self.stop_event)
+            idle_pause(self.consumer, idle, self.stop_event, seek=False)
 
     def catch_up(self, until: dict[int, int], progress: Callable[[int], None] | None = None) -> None:
         """Apply everything before `until` (partition -> next offset) from the stored checkpoints, then return."""

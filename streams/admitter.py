@@ -29,6 +29,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,7 @@ class Membership:
         self.beat()
         self.thread.start()
 
-    def beat(self, leaving: bool = False) -> None:
+    def beat(self, leaving: bool = False, flush: bool = False) -> None:
         value = {
             "member": self.member,
             "pid": os.getpid(),
@@ -99,7 +100,10 @@ class Membership:
             **self.state(),
         }
         self.producer.produce(self.topic, key=self.member.encode(), value=json.dumps(value).encode(), partition=0)
-        self.producer.poll(0)
+        if flush:
+            self.producer.flush(10)
+        else:
+            self.producer.poll(0)
 
     def _run(self) -> None:
         interval = self.s.admission_heartbeat_ms / 1000
@@ -198,6 +202,7 @@ class Admitter:
         self.group = f"{s.topic_prefix}-{kafka.ADMISSION_GROUP_SUFFIX}"
         self.consumer = kafka.consumer(s, self.group)
         self.owned: dict[int, Owned] = {}
+        self.txn_ids: dict[int, str] = {}  # partition -> transactional id this member writes it with
         self.in_flight: InFlight | None = None
         self.stats = Stats()
         self.members = Membership(s, self.member, self._beat_state)
@@ -208,6 +213,7 @@ class Admitter:
         fl = self.in_flight
         return {
             "owned": sorted(self.owned),
+            "txn": {str(p): t for p, t in self.txn_ids.items()},
             "in_flight": None if fl is None else fl.__dict__,
             "decided": self.stats.decided,
             "accepted": self.stats.accepted,
@@ -228,17 +234,49 @@ class Admitter:
         for p in sorted(want - set(self.owned)):
             self.acquire(p, live)
 
-    def acquire(self, p: int, live: list[str]) -> None:
+    def _producer(self, txn_id: str) -> Producer:
         prod = kafka.producer(
             self.s,
             **{
-                "transactional.id": f"{self.s.topic_prefix}-admission-p{p}",
+                "transactional.id": txn_id,
                 "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000),
                 "partitioner": "murmur2_random",  # where Kafka's Java clients (and Faust) put a key
                 "linger.ms": 2,
             },
         )
-        prod.init_transactions(30)  # aborts the previous owner's open transaction, fences it
+        prod.init_transactions(30)
+        return prod
+
+    def _fresh_producer(self, p: int) -> tuple[str, Producer]:
+        """A transactional producer under an id never used before, announced before it writes anything.
+
+        Ids are never reused after an abort: noida-db lists every aborted transaction still in the log in
+        each fetch answer, so a reader fetching after one would skip all later records of the same
+        producer id (measured: committed admissions missing from both projections). Announcing the id
+        (heartbeat, flushed) lets whoever owns the partition next abort its open transaction and fence it.
+        """
+        txn_id = f"{self.s.topic_prefix}-admission-p{p}-{uuid.uuid4().hex[:12]}"
+        self.txn_ids[p] = txn_id
+        self.members.beat(flush=True)
+        return txn_id, self._producer(txn_id)
+
+    def _fence_previous(self, p: int) -> list[str]:
+        """Abort and fence every other transactional id any member announced for partition p: a dead or
+        stale owner's open transaction would otherwise hold back read_committed readers forever."""
+        fenced = []
+        with self.members.lock:
+            beats = [v.beat for v in self.members.views.values()]
+        for beat in beats:
+            old = (beat.get("txn") or {}).get(str(p))
+            if old and old != self.txn_ids.get(p):
+                prod = self._producer(old)  # bumps its epoch: aborts its open transaction, fences it
+                prod.flush(5)
+                fenced.append(old)
+        return fenced
+
+    def acquire(self, p: int, live: list[str]) -> None:
+        self._fence_previous(p)
+        _, prod = self._fresh_producer(p)
         index = self._load_index(p)
         committed = self.consumer.committed([TopicPartition(self.commands, p)], timeout=10)[0].offset
         start = committed if committed >= 0 else OFFSET_BEGINNING
@@ -275,6 +313,7 @@ class Admitter:
 
     def release(self, p: int, why: str) -> None:
         owned = self.owned.pop(p, None)
+        self.txn_ids.pop(p, None)
         if owned is None:
             return
         try:
@@ -404,6 +443,7 @@ class Admitter:
             log.warning("abort failed (%s); giving partition %d up", abort_exc, p)
             self.release(p, "abort failed")
             return
+        owned.producer = self._fresh_producer(p)[1]  # never write again under an id that aborted
         owned.index = self._load_index(p)  # forget links added by the aborted transaction
         self.consumer.seek(TopicPartition(self.commands, p, batch[0].offset()))
 

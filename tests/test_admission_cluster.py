@@ -284,7 +284,13 @@ def test_sigkill_inside_admission_then_the_survivor_takes_over(
             "graph nodes": len(g_nodes ^ ids),
             "graph edges": len(g_edges ^ expected_edges),
         }
-        return None if not any(diffs.values()) else f"differences {diffs}; lag {bare.cli('status').stdout[-1500:]}"
+        if not any(diffs.values()):
+            return None
+        pg_ids = {t for t, _ in rows}
+        return (
+            f"differences {diffs}; in the log only: {sorted(ids - pg_ids)[:4]}, in PostgreSQL only:"
+            f" {sorted(pg_ids - ids)[:4]}; accepted: {[(sid, acc.command_id) for sid, acc in accepted.items()]}"
+        )
 
     last: list[str | None] = [None]
 

@@ -1,0 +1,149 @@
+"""Benchmark: how long the submitter cluster takes to take over a SIGKILLed admission worker's work.
+
+Starts its own embedded stack without admission workers, starts two (`taskstream serve admission`),
+keeps producing small submissions to every commands partition (20 per second), SIGKILLs the worker that
+owns some partitions, and measures from the SIGKILL:
+  - until the survivor owns every partition (its heartbeat says so);
+  - until the first and the last orphaned submission (sent to the dead worker's partitions) is decided;
+and the decision latency of submissions before the kill, for comparison. Writes
+bench/results/takeover.json.
+
+    python bench/takeover_bench.py [--member-timeout-ms 5000] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from _stack import embedded_stack, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "takeover.json"
+
+
+def owners(host: str, indices: tuple[int, int], partitions: int) -> dict[int, int]:
+    from taskstream.streams.admitter import rendezvous_owner
+
+    members = {f"{host}-admission-{i}": i for i in indices}
+    return {p: members[rendezvous_owner(sorted(members), p)] for p in range(partitions)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--member-timeout-ms", type=int, default=5000)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    args = ap.parse_args()
+    from confluent_kafka import Producer, TopicPartition
+    from taskstream.connectors.cluster import describe
+    from taskstream.connectors.kafka import consumer, make_codec
+    from taskstream.schemas import records as r
+
+    from taskstream.core.submission import parse_document
+    from taskstream.settings import Settings
+
+    with embedded_stack(admission_workers="0", admission_member_timeout_ms=str(args.member_timeout_ms)) as env:
+        s = Settings.from_env(env)
+        host = s.node_id or socket.gethostname()
+        pair = next(
+            (a, b)
+            for a in range(8)
+            for b in range(8)
+            if a != b and 0 < list(owners(host, (a, b), s.partitions).values()).count(a) < s.partitions
+        )
+        victim_parts = {p for p, i in owners(host, pair, s.partitions).items() if i == pair[0]}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "taskstream", "serve", "admission", "--index", str(i)],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for i in pair
+        ]
+        codec = make_codec(s)
+        sent: dict[str, tuple[int, float]] = {}  # command id -> (partition, sent at)
+        decided: dict[str, float] = {}
+        stop = threading.Event()
+
+        def watch() -> None:
+            c = consumer(s, f"bench-takeover-{uuid.uuid4()}")
+            c.assign([TopicPartition(s.topic("events"), p, 0) for p in range(s.partitions)])
+            while not stop.is_set():
+                for m in c.consume(500, 0.1):
+                    if m.error() or not m.headers():
+                        continue
+                    kind = dict(m.headers()).get("taskstream.event", b"").decode()
+                    if kind in ("SubmissionAccepted", "SubmissionRejected"):
+                        decided.setdefault(codec.decode("event", m.value()).payload.command_id, time.time())
+            c.close()
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        time.sleep(4)  # both members up and sharing the partitions
+        producer = Producer({"bootstrap.servers": s.bootstrap, "linger.ms": 2})
+        killed_at = None
+        t_end = time.time() + args.seconds
+        i = 0
+        while time.time() < t_end:
+            p = i % s.partitions
+            sub = parse_document(
+                {"tenant": "bench", "tasks": [{"name": "a", "argv": ["true"], "not_before": 4102444800000}]}
+            )
+            cmd = r.CommandRecord(str(uuid.uuid4()), int(time.time() * 1000), r.SubmitDag("bench", sub.tasks), "bench")
+            producer.produce(s.topic("commands"), key=cmd.command_id.encode(), value=codec.encode(cmd), partition=p)
+            producer.poll(0)
+            sent[cmd.command_id] = (p, time.time())
+            i += 1
+            if killed_at is None and time.time() > t_end - args.seconds * 0.6:
+                procs[0].send_signal(signal.SIGKILL)
+                killed_at = time.time()
+            time.sleep(0.05)
+        producer.flush(10)
+        assert killed_at is not None
+        owns_all = None
+        while owns_all is None and time.time() < killed_at + 120:
+            view = describe(s)
+            live = [m for m in view["members"] if m["alive"]]
+            if len(live) == 1 and sorted(live[0]["owned"]) == list(range(s.partitions)):
+                owns_all = time.time()
+            time.sleep(0.2)
+        deadline = time.time() + 60
+        while len(decided) < len(sent) and time.time() < deadline:
+            time.sleep(0.2)
+        stop.set()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(20)
+    orphans = [c for c, (p, t) in sent.items() if p in victim_parts and t <= killed_at]
+    orphans += [c for c, (p, t) in sent.items() if p in victim_parts and t > killed_at]
+    orphan_decided = sorted(decided[c] - killed_at for c in orphans if c in decided and decided[c] > killed_at)
+    before = sorted(decided[c] - t for c, (_, t) in sent.items() if c in decided and t < killed_at - 1)
+    report = {
+        "benchmark": "admission takeover after SIGKILL of one of two workers",
+        "member_timeout_ms": args.member_timeout_ms,
+        "submissions": len(sent),
+        "decided": len(decided),
+        "lost": len(sent) - len(decided),
+        "survivor_owns_every_partition_s": None if owns_all is None else round(owns_all - killed_at, 2),
+        "first_orphan_decided_s": round(orphan_decided[0], 2) if orphan_decided else None,
+        "last_orphan_decided_s": round(orphan_decided[-1], 2) if orphan_decided else None,
+        "decision_latency_before_kill_p50_s": round(before[len(before) // 2], 3) if before else None,
+        "decision_latency_before_kill_max_s": round(before[-1], 3) if before else None,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_report(RESULTS, report)
+    return 0 if report["lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

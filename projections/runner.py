@@ -141,7 +141,7 @@ class ProjectionRunner:
         idle_max = self.idle_backoff
         while not self.stop_event.is_set():
             try:
-                n = self.poll_once(0.02)
+                n = self.poll_once(0.05)
             except Exception:
                 # The transaction rolled back; re-seek to the checkpoints and try again after a pause
                 # (backpressure, never skipping).
@@ -155,7 +155,7 @@ class ProjectionRunner:
             # Nothing new. librdkafka refetches as soon as an empty answer arrives and noida-db answers at
             # once, so stop fetching for a moment (pause), growing the pause while it stays idle.
             idle = min(idle_max, idle + idle_max / 5)
-            idle_pause(self.consumer, idle, self.stop_event, seek=False)
+            idle_pause(self.consumer, idle, self.stop_event)
 
     def catch_up(self, until: dict[int, int], progress: Callable[[int], None] | None = None) -> None:
         """Apply everything before `until` (partition -> next offset) from the stored checkpoints, then return."""

@@ -225,6 +225,7 @@ class Admitter:
         self.stats = Stats()
         self.members = Membership(s, self.member, self._beat_state)
         self.stopping = threading.Event()
+        self.settled = threading.Event()
 
     # -- heartbeat content ----------------------------------------------------------------------
     def _beat_state(self) -> dict[str, Any]:
@@ -251,6 +252,7 @@ class Admitter:
             self.release(p, "another member owns it now")
         for p in sorted(want - set(self.owned)):
             self.acquire(p, live)
+        self.settled.set()  # owns its share of the partitions as this member sees the cluster
 
     def _producer(self, txn_id: str) -> Producer:
         prod = kafka.producer(
@@ -415,17 +417,31 @@ class Admitter:
         self._fault("before-write")
         added: list[dict[str, Any]] = []
         counts = Stats()
+        t0 = time.monotonic()
         try:
             prod.begin_transaction()
             for i, msg in enumerate(batch):
                 self._admit_one(owned, msg, added, counts)
                 if i == 0:
                     self._fault("mid-write", flush=prod)
+            t1 = time.monotonic()
             prod.flush(TXN_TIMEOUT_S)
             self._fault("before-commit")
+            t2 = time.monotonic()
             offsets = [TopicPartition(self.commands, p, batch[-1].offset() + 1)]
             prod.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
             self._commit(prod)
+            t3 = time.monotonic()
+            if t3 - t0 > 1.0:
+                log.info(
+                    "partition %d: %d command(s) in %.2fs (deciding and producing %.2fs, flush %.2fs, commit %.2fs)",
+                    p,
+                    len(batch),
+                    t3 - t0,
+                    t1 - t0,
+                    t2 - t1,
+                    t3 - t2,
+                )
         except KafkaException as exc:
             self._failed(owned, batch, exc)
             return
@@ -577,6 +593,7 @@ def run_admitter(settings: Settings, index: int, on_ready: Any = None) -> None:
 
 
 def _when_ready(admitter: Admitter, on_ready: Any) -> None:
-    while not admitter.members.ready() and not admitter.stopping.is_set():
-        time.sleep(0.1)
+    """Ready once it owns its share: `taskstream up` then returns with the partitions handed over."""
+    while not admitter.settled.wait(0.1) and not admitter.stopping.is_set():
+        pass
     on_ready()

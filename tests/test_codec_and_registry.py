@@ -191,3 +191,32 @@ def test_confluent_serializers_and_our_codec_agree(registry: SchemaRegistryClien
     de = AvroDeserializer(registry, return_record_name=True)
     theirs = de(ours.encode(rec), ctx)
     assert from_avro("event", {**theirs, "payload": tuple(theirs["payload"])}) == rec
+
+
+def test_the_hand_written_event_encoding_equals_the_generic_one() -> None:
+    """schemas/codec.py writes EventRecord and TaskSpec out by hand for speed; it must not drift."""
+    from taskstream.schemas import codec as c
+    from taskstream.schemas.records import EventRecord
+
+    from taskstream.core.events import TaskSubmitted
+    from taskstream.core.model import Backoff, Resources, TaskSpec
+
+    spec = TaskSpec(
+        "a",
+        "t",
+        ("x", "y"),
+        {"A": "1"},
+        "/w",
+        Resources(2.0, 3, 1),
+        5,
+        6,
+        Backoff(7, 2.5, 9, 0.1),
+        10,
+        11,
+        ("d1", "d2"),
+        12,
+        {"l": "v"},
+    )
+    rec = EventRecord("e", "t1", "s", 1, 2, "n", TaskSubmitted(submission_id="s", spec=spec))
+    generic = {**c._plain(rec), "payload": (c._TASK_SUBMITTED, c._plain(rec.payload))}
+    assert c.to_avro(rec) == generic

@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from taskstream.connectors import kafka
 from taskstream.connectors.audit import partition_for
 from taskstream.schemas.codec import Codec, DecodeError
@@ -46,7 +46,7 @@ log = logging.getLogger("taskstream.admission")
 FAULT_POINTS = ("before-write", "mid-write", "before-commit", "after-commit")
 BATCH = 200  # commands per transaction at most
 TXN_TIMEOUT_S = 30.0
-IDLE_MAX_S = 0.05
+IDLE_MAX_S = 0.1
 READ_EVERY_S = 0.25  # how often a member reads the others' heartbeats
 
 
@@ -220,6 +220,7 @@ class Admitter:
         self.group = f"{s.topic_prefix}-{kafka.ADMISSION_GROUP_SUFFIX}"
         self.consumer = kafka.consumer(s, self.group)
         self.owned: dict[int, Owned] = {}
+        self.next_offsets: dict[int, int] = {}  # owned partition -> the next command offset to read
         self.txn_ids: dict[int, str] = {}  # partition -> transactional id this member writes it with
         self.in_flight: InFlight | None = None
         self.stats = Stats()
@@ -299,12 +300,13 @@ class Admitter:
         _, prod = self._fresh_producer(p)
         index = self._load_index(p)
         committed = self.consumer.committed([TopicPartition(self.commands, p)], timeout=10)[0].offset
-        start = committed if committed >= 0 else OFFSET_BEGINNING
-        _, high = self.consumer.get_watermark_offsets(TopicPartition(self.commands, p), timeout=10)
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(self.commands, p), timeout=10)
+        start = committed if committed >= 0 else low  # explicit: see kafka.idle_pause
+        self.next_offsets[p] = start
         orphaned = max(0, high - max(committed, 0))
         previous = self._previous_owner(p, live)
         self.owned[p] = Owned(p, prod, index, int(time.time() * 1000), previous, orphaned)
-        self.consumer.incremental_assign([TopicPartition(self.commands, p, start)])
+        self._reassign()
         self.members.beat()  # say so at once: whoever takes over after a crash knows whom from
         if previous and previous not in live:
             seen = self.members.view(previous)
@@ -323,6 +325,14 @@ class Admitter:
             handed = f" (handed over by {previous})" if previous else ""
             log.info("owns commands partition %d%s from offset %s (%d to decide)", p, handed, start, orphaned)
 
+    def _reassign(self) -> None:
+        """Assign exactly the owned partitions at the next offsets to read.
+
+        Used instead of pause/resume, which on noida-db left a partition paused before its first fetch
+        unread for good and restarted others up to 1.5 s late (docs/measurements.md): an idle consumer
+        is unassigned (it fetches nothing) and reassigned at explicit offsets, which fetches at once."""
+        self.consumer.assign([TopicPartition(self.commands, p, o) for p, o in sorted(self.next_offsets.items())])
+
     def _previous_owner(self, p: int, live: list[str]) -> str | None:
         with self.members.lock:
             views = list(self.members.views.values())
@@ -336,10 +346,8 @@ class Admitter:
         self.txn_ids.pop(p, None)
         if owned is None:
             return
-        try:
-            self.consumer.incremental_unassign([TopicPartition(self.commands, p)])
-        except KafkaException as exc:
-            log.warning("unassigning partition %d: %s", p, exc)
+        self.next_offsets.pop(p, None)
+        self._reassign()
         self.members.beat()
         log.info("released commands partition %d: %s", p, why)
 
@@ -385,9 +393,11 @@ class Admitter:
                     time.sleep(0.05)
                     continue
                 msgs = self.consumer.consume(BATCH, timeout=0.01)
-                if not msgs:  # grow a pause while idle, up to 50 ms (ARCHITECTURE.md: noida-db never waits)
+                if not msgs:  # grow a pause while idle, up to 100 ms (ARCHITECTURE.md: noida-db never waits)
                     idle = min(IDLE_MAX_S, idle + IDLE_MAX_S / 5)
-                    kafka.idle_pause(self.consumer, idle, self.stopping)
+                    self.consumer.unassign()
+                    self.stopping.wait(idle)
+                    self._reassign()
                     continue
                 idle = 0.0
                 by_partition: dict[int, list[Message]] = {}
@@ -447,6 +457,7 @@ class Admitter:
             return
         finally:
             self.in_flight = None
+        self.next_offsets[p] = batch[-1].offset() + 1
         self._fault("after-commit")
         for k in ("decided", "accepted", "rejected", "forwarded", "dead_lettered"):
             setattr(self.stats, k, getattr(self.stats, k) + getattr(counts, k))
@@ -479,7 +490,8 @@ class Admitter:
             return
         owned.producer = self._fresh_producer(p)[1]  # never write again under an id that aborted
         owned.index = self._load_index(p)  # forget links added by the aborted transaction
-        self.consumer.seek(TopicPartition(self.commands, p, batch[0].offset()))
+        self.next_offsets[p] = batch[0].offset()
+        self._reassign()
 
     def _admit_one(self, owned: Owned, msg: Message, added: list[dict[str, Any]], counts: Stats) -> None:
         prod = owned.producer

@@ -43,6 +43,7 @@ from taskstream.streams.context import EVENT_HEADER
 from taskstream.settings import Settings
 
 log = logging.getLogger("taskstream.admission")
+Headers = list[tuple[str, str | bytes | None]]
 FAULT_POINTS = ("before-write", "mid-write", "before-commit", "after-commit")
 BATCH = 200  # commands per transaction at most
 TXN_TIMEOUT_S = 30.0
@@ -423,7 +424,7 @@ class Admitter:
     def admit_batch(self, owned: Owned, batch: list[Message]) -> None:
         p = owned.partition
         prod = owned.producer
-        self.in_flight = InFlight(p, batch[0].offset(), batch[-1].offset(), len(batch), int(time.time() * 1000))
+        self.in_flight = InFlight(p, _offset(batch[0]), _offset(batch[-1]), len(batch), int(time.time() * 1000))
         self._fault("before-write")
         added: list[dict[str, Any]] = []
         counts = Stats()
@@ -438,7 +439,7 @@ class Admitter:
             prod.flush(TXN_TIMEOUT_S)
             self._fault("before-commit")
             t2 = time.monotonic()
-            offsets = [TopicPartition(self.commands, p, batch[-1].offset() + 1)]
+            offsets = [TopicPartition(self.commands, p, _offset(batch[-1]) + 1)]
             prod.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
             self._commit(prod)
             t3 = time.monotonic()
@@ -457,7 +458,7 @@ class Admitter:
             return
         finally:
             self.in_flight = None
-        self.next_offsets[p] = batch[-1].offset() + 1
+        self.next_offsets[p] = _offset(batch[-1]) + 1
         self._fault("after-commit")
         for k in ("decided", "accepted", "rejected", "forwarded", "dead_lettered"):
             setattr(self.stats, k, getattr(self.stats, k) + getattr(counts, k))
@@ -490,7 +491,7 @@ class Admitter:
             return
         owned.producer = self._fresh_producer(p)[1]  # never write again under an id that aborted
         owned.index = self._load_index(p)  # forget links added by the aborted transaction
-        self.next_offsets[p] = batch[0].offset()
+        self.next_offsets[p] = _offset(batch[0])
         self._reassign()
 
     def _admit_one(self, owned: Owned, msg: Message, added: list[dict[str, Any]], counts: Stats) -> None:
@@ -542,15 +543,15 @@ class Admitter:
 
     def _write(self, prod: Producer, msg: Message, decision: Decision, counts: Stats) -> None:
         if decision.forward_to is not None:
-            headers = [("taskstream.forwarded-from", f"{msg.partition()}@{msg.offset()}".encode())]
+            headers: Headers = [("taskstream.forwarded-from", f"{msg.partition()}@{msg.offset()}".encode())]
             prod.produce(
                 self.commands, key=msg.key(), value=msg.value(), partition=decision.forward_to, headers=headers
             )
             counts.forwarded += 1
             return
         for topic_key, key, rec in decision.sends:
-            headers = [(EVENT_HEADER, rec.kind.encode())] if topic_key == "events" else None
-            prod.produce(self.topic_names[topic_key], key=key.encode(), value=self.codec.encode(rec), headers=headers)
+            kind: Headers | None = [(EVENT_HEADER, rec.kind.encode())] if topic_key == "events" else None
+            prod.produce(self.topic_names[topic_key], key=key.encode(), value=self.codec.encode(rec), headers=kind)
             if len(prod) > 50_000:
                 prod.poll(0)
         counts.decided += 1
@@ -580,7 +581,13 @@ class Admitter:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _dead_letter_headers(msg: Message, reason: str) -> list[tuple[str, bytes]]:
+def _offset(msg: Message) -> int:
+    offset = msg.offset()
+    assert offset is not None, "a consumed record always has an offset"
+    return offset
+
+
+def _dead_letter_headers(msg: Message, reason: str) -> Headers:
     return [
         ("taskstream.error", reason.encode()[:2000]),
         ("taskstream.source.topic", str(msg.topic()).encode()),

@@ -49,7 +49,7 @@ def describe(settings: Settings) -> dict[str, Any]:
     timeout = settings.admission_member_timeout_ms
     members = []
     for name, beat in sorted(_beats(settings).items()):
-        silent = now_ms - int(beat.get("at_ms", 0))
+        silent = max(0, now_ms - int(beat.get("at_ms", 0)))  # a member clock slightly ahead reads as 0
         alive = beat.get("state") == "up" and silent <= timeout
         members.append(
             {

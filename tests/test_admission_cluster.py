@@ -434,3 +434,55 @@ def test_a_reference_that_is_never_admitted_cancels_its_dependents(bare: Stack, 
     waits = dict((n, why) for n, _, why in rows)["waits"]
     missing = reference_id(TENANT, "never-sent", "anything")
     assert waits == f"prerequisite {missing} was not admitted within 4s", waits
+
+
+def test_a_cycle_through_tasks_admitted_earlier_is_rejected_and_references_run_in_order(
+    bare: Stack, workers: Workers
+) -> None:
+    s = bare.settings
+    workers.start(0)
+    workers.wait_ready(0)
+    client = Client(s)
+    run = uuid.uuid4().hex[:6]
+    k1, k2 = f"early-{run}", f"late-{run}"
+
+    def submit(key: str, tasks: list[dict[str, Any]]) -> Any:
+        sub = parse_document({"tenant": TENANT, "idempotency_key": key, "tasks": tasks})
+        cid, sid = client.submit(sub)
+        return client.wait_outcome(sid, 60, command_id=cid)
+
+    # k1 waits for a task of k2 that does not exist yet
+    first = submit(
+        k1,
+        [
+            {"name": "a", "argv": ["true"], "dependencies": [f"{k2}/b"]},
+            {"name": "a2", "argv": ["true"], "dependencies": ["a"]},
+        ],
+    )
+    assert first.accepted
+    # k2 would close b -> k1/a2 -> k1/a -> b through the tasks admitted earlier
+    bad = submit(k2, [{"name": "b", "argv": ["true"], "dependencies": [f"{k1}/a2"]}])
+    assert not bad.accepted
+    assert bad.errors == [
+        {
+            "task": "b",
+            "field": "dependencies",
+            "reason": f"closes a cycle through other submissions: b -> {k1}/a2 -> {k1}/a -> b",
+        }
+    ]
+    # the rejection admitted nothing and did not use the key up: the fixed k2 is admitted, and runs first
+    good = submit(k2, [{"name": "b", "argv": ["true"]}])
+    assert good.accepted and good.task_ids["b"] == reference_id(TENANT, k2, "b")
+
+    def ended() -> dict[str, Any] | None:
+        with psycopg.connect(s.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT name, status, started_at FROM tasks WHERE task_id = ANY(%s::uuid[])",
+                ([*first.task_ids.values(), good.task_ids["b"]],),
+            ).fetchall()
+        return (
+            {n: (st, at) for n, st, at in rows} if len(rows) == 3 and all(x[1] == "SUCCEEDED" for x in rows) else None
+        )
+
+    done = wait_until(ended, 90, "all three tasks to succeed")
+    assert done["b"][1] < done["a"][1] < done["a2"][1]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.error import KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -136,40 +135,6 @@ def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
     }
     conf.update(extra)
     return Consumer(conf)
-
-
-def idle_pause(
-    c: Consumer, seconds: float, stop: Any = None, seek: bool = True, starts: dict[tuple[str, int], int] | None = None
-) -> None:
-    """Stop fetching for `seconds`: noida-db answers empty fetches at once (ARCHITECTURE.md), so an idle
-    librdkafka consumer would otherwise spin at hundreds of fetches a second (~40% of a core, measured).
-
-    After `resume` librdkafka restarted fetching only up to 1.5 s later (mean 0.6 s, measured on
-    noida-db), so each partition is also sought to where it was: that restarts fetching at once (mean
-    delay 0.05 s). A partition that has not delivered a message yet has no position; `starts` gives the
-    explicit offset it was assigned at (a logical offset such as "beginning", paused before its lookup
-    finished, left two admission partitions unread for good, measured). Callers should consume with a
-    short timeout (~10 ms) after this returns.
-    """
-    parts = c.assignment()
-    positions = []
-    if parts and seek:
-        for tp in c.position(parts):
-            # before its first message a partition has no position: seek it to where it was assigned
-            offset = tp.offset if tp.offset >= 0 else (starts or {}).get((tp.topic, tp.partition), -1)
-            if offset >= 0:
-                positions.append(TopicPartition(tp.topic, tp.partition, offset))
-    if parts:
-        c.pause(parts)
-    if stop is not None:
-        stop.wait(seconds)
-    else:
-        time.sleep(seconds)
-    if parts:
-        c.resume(parts)
-        for tp in positions:
-            with contextlib.suppress(KafkaException):  # unassigned meanwhile
-                c.seek(tp)
 
 
 ENVELOPE_OF_TOPIC = {t.key: t.envelope for t in TOPICS}

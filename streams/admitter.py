@@ -186,9 +186,6 @@ class Owned:
     partition: int
     producer: Producer
     index: LinkIndex
-    since_ms: int
-    took_over_from: str | None
-    orphaned: int  # commands found uncommitted when it was acquired
 
 
 @dataclass
@@ -213,6 +210,10 @@ class Stats:
 class Admitter:
     def __init__(self, settings: Settings, index: int = 0, codec: Codec | None = None) -> None:
         s = self.s = settings
+        if s.admission_fault and s.admission_fault not in FAULT_POINTS:
+            raise ValueError(
+                f"TASKSTREAM_ADMISSION_FAULT={s.admission_fault!r}: expected one of {', '.join(FAULT_POINTS)}"
+            )
         self.member = f"{s.node_id or socket.gethostname()}-admission-{index}"
         self.codec = codec or kafka.make_codec(s)
         self.commands = s.topic("commands")
@@ -302,11 +303,11 @@ class Admitter:
         index = self._load_index(p)
         committed = self.consumer.committed([TopicPartition(self.commands, p)], timeout=10)[0].offset
         low, high = self.consumer.get_watermark_offsets(TopicPartition(self.commands, p), timeout=10)
-        start = committed if committed >= 0 else low  # explicit: see kafka.idle_pause
+        start = committed if committed >= 0 else low  # an explicit offset: see _reassign
         self.next_offsets[p] = start
         orphaned = max(0, high - max(committed, 0))
-        previous = self._previous_owner(p, live)
-        self.owned[p] = Owned(p, prod, index, int(time.time() * 1000), previous, orphaned)
+        previous = self._previous_owner(p)
+        self.owned[p] = Owned(p, prod, index)
         self._reassign()
         self.members.beat()  # say so at once: whoever takes over after a crash knows whom from
         if previous and previous not in live:
@@ -334,7 +335,7 @@ class Admitter:
         is unassigned (it fetches nothing) and reassigned at explicit offsets, which fetches at once."""
         self.consumer.assign([TopicPartition(self.commands, p, o) for p, o in sorted(self.next_offsets.items())])
 
-    def _previous_owner(self, p: int, live: list[str]) -> str | None:
+    def _previous_owner(self, p: int) -> str | None:
         with self.members.lock:
             views = list(self.members.views.values())
         for v in views:
@@ -426,13 +427,12 @@ class Admitter:
         prod = owned.producer
         self.in_flight = InFlight(p, _offset(batch[0]), _offset(batch[-1]), len(batch), int(time.time() * 1000))
         self._fault("before-write")
-        added: list[dict[str, Any]] = []
         counts = Stats()
         t0 = time.monotonic()
         try:
             prod.begin_transaction()
             for i, msg in enumerate(batch):
-                self._admit_one(owned, msg, added, counts)
+                self._admit_one(owned, msg, counts)
                 if i == 0:
                     self._fault("mid-write", flush=prod)
             t1 = time.monotonic()
@@ -494,7 +494,7 @@ class Admitter:
         self.next_offsets[p] = _offset(batch[0])
         self._reassign()
 
-    def _admit_one(self, owned: Owned, msg: Message, added: list[dict[str, Any]], counts: Stats) -> None:
+    def _admit_one(self, owned: Owned, msg: Message, counts: Stats) -> None:
         prod = owned.producer
         p = owned.partition
         try:
@@ -539,7 +539,6 @@ class Admitter:
                 partition=p,
             )
             owned.index.add(entry)  # visible to the rest of this batch; reloaded if the batch aborts
-            added.append(entry)
 
     def _write(self, prod: Producer, msg: Message, decision: Decision, counts: Stats) -> None:
         if decision.forward_to is not None:

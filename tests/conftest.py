@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,17 +72,25 @@ class Stack:
         return "\n".join(out)
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("stack") / "state")
+@contextmanager
+def running(s: Stack) -> Iterator[Stack]:
+    """`taskstream up` on `s` (printing its logs if that fails), then `down` whatever happens."""
     try:
         s.up()
     except AssertionError:
         print(s.logs())
         s.down()
         raise
-    yield s
-    s.down()
+    try:
+        yield s
+    finally:
+        s.down()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running(Stack(tmp_path_factory.mktemp("stack") / "state")) as s:
+        yield s
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 120, what: str = "condition", every: float = 0.3) -> Any:

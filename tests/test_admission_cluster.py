@@ -36,7 +36,7 @@ from taskstream.streams.admitter import rendezvous_owner
 from taskstream.core import events as e
 from taskstream.core.submission import Submission, parse_document, reference_id, submission_id_for
 from taskstream.sdk import Client
-from tests.conftest import ROOT, Stack, wait_until
+from tests.conftest import ROOT, Stack, running, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -53,14 +53,8 @@ def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         TASKSTREAM_REFERENCE_WAIT_MS="4000",
     )
     s.settings = type(s.settings).from_env(s.env)
-    try:
-        s.up()
-    except AssertionError:
-        print(s.logs())
-        s.down()
-        raise
-    yield s
-    s.down()
+    with running(s):
+        yield s
 
 
 class Workers:
@@ -83,6 +77,15 @@ class Workers:
         )
         self.procs[index] = proc
         return proc
+
+    def start_pair(self) -> tuple[int, int, set[int]]:
+        """Start two workers that split the partitions; wait until both are ready. Returns their indices
+        and the first one's partitions."""
+        a, b, a_parts = split_pair(self.stack.settings)
+        self.start(a)
+        self.start(b)
+        self.wait_ready(a, b)
+        return a, b, a_parts
 
     def wait_ready(self, *indices: int) -> None:
         for i in indices:
@@ -133,6 +136,12 @@ def doc(key: str, n: int, linked_to: str | None = None, bad: bool = False) -> Su
     if bad:  # a retry limit over the limit on one task: the whole submission is rejected
         return dataclasses.replace(sub, tasks=(*sub.tasks[:-1], dataclasses.replace(sub.tasks[-1], retry_limit=10_000)))
     return sub
+
+
+def waits_for(key: str, name: str, dependency: str) -> Submission:
+    """A one-task submission whose task depends on `dependency`."""
+    task = {"name": name, "argv": ["true"], "dependencies": [dependency]}
+    return parse_document({"tenant": TENANT, "idempotency_key": key, "tasks": [task]})
 
 
 def produce_many(stack: Stack, subs: list[tuple[Submission, int]]) -> list[str]:
@@ -313,30 +322,15 @@ def test_linked_submissions_racing_on_different_partitions_never_close_a_cycle(b
     """Each pair depends on each other; the two halves are produced at once to two different partitions
     owned by two different workers. One half is admitted, the other rejected with the cycle named."""
     s = bare.settings
-    a, b, a_parts = split_pair(s)
-    workers.start(a)
-    workers.start(b)
-    workers.wait_ready(a, b)
+    a, b, a_parts = workers.start_pair()
     client = Client(s)
     pa = min(a_parts)
     pb = min(set(range(s.partitions)) - a_parts)
     pairs = []
     for _ in range(5):
         k1, k2 = f"race-{uuid.uuid4().hex[:6]}-x", f"race-{uuid.uuid4().hex[:6]}-y"
-        s1 = parse_document(
-            {
-                "tenant": TENANT,
-                "idempotency_key": k1,
-                "tasks": [{"name": "x", "argv": ["true"], "dependencies": [f"{k2}/y"]}],
-            }
-        )
-        s2 = parse_document(
-            {
-                "tenant": TENANT,
-                "idempotency_key": k2,
-                "tasks": [{"name": "y", "argv": ["true"], "dependencies": [f"{k1}/x"]}],
-            }
-        )
+        s1 = waits_for(k1, "x", f"{k2}/y")
+        s2 = waits_for(k2, "y", f"{k1}/x")
         pairs.append((produce_to(bare, s1, pa), produce_to(bare, s2, pb), k1, k2))
     for c1, c2, k1, k2 in pairs:
         o1 = client.wait_outcome(submission_id_for(TENANT, k1, c1), 60, command_id=c1)
@@ -350,10 +344,7 @@ def test_linked_submissions_racing_on_different_partitions_never_close_a_cycle(b
 
 def test_a_copy_at_another_node_returns_the_same_ids_and_admits_nothing_new(bare: Stack, workers: Workers) -> None:
     s = bare.settings
-    a, b, a_parts = split_pair(s)
-    workers.start(a)
-    workers.start(b)
-    workers.wait_ready(a, b)
+    a, b, a_parts = workers.start_pair()
     client = Client(s)
     sub = doc(f"copy-{uuid.uuid4().hex[:8]}", 3)
     first = produce_to(bare, sub, min(a_parts))
@@ -370,10 +361,8 @@ def test_a_copy_at_another_node_returns_the_same_ids_and_admits_nothing_new(bare
 
 def test_cluster_command_shows_members_partitions_and_a_death(bare: Stack, workers: Workers) -> None:
     s = bare.settings
-    a, b, a_parts = split_pair(s)
-    workers.start(a)
-    victim = workers.start(b)
-    workers.wait_ready(a, b)
+    a, b, _ = workers.start_pair()
+    victim = workers.procs[b]
 
     def shown() -> dict[str, Any] | None:
         out = json.loads(bare.cli("cluster", "--json").stdout)

@@ -6,18 +6,13 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka.partitioner import murmur2
 from confluent_kafka import TopicPartition
 from taskstream.connectors.kafka import consumer, make_codec
+from taskstream.connectors.partitioning import partition_for
 from taskstream.schemas.codec import DecodeError
-from taskstream.schemas.records import EventRecord
+from taskstream.schemas.records import EVENT_HEADER, EventRecord, task_events
 
 from taskstream.settings import Settings
-
-
-def partition_for(key: bytes, partitions: int) -> int:
-    """The partition Kafka's default (Java-compatible murmur2) partitioner puts `key` on."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def _when(ms: int) -> str:
@@ -68,7 +63,9 @@ def task_history(settings: Settings, task_id: str) -> list[dict[str, Any]]:
                 if m.error():
                     continue
                 pos = m.offset() + 1
-                if m.key() != task_id.encode():
+                # a task's admission is packed with others' (TasksAdmitted) under the first one's key
+                packed = dict(m.headers() or ()).get(EVENT_HEADER) == b"TasksAdmitted"
+                if m.key() != task_id.encode() and not packed:
                     continue
                 try:
                     rec = codec.decode("event", m.value())
@@ -85,21 +82,24 @@ def task_history(settings: Settings, task_id: str) -> list[dict[str, Any]]:
                         }
                     )
                     continue
-                dup = rec.event_id in seen
-                seen.add(rec.event_id)
-                out.append(
-                    {
-                        "version": rec.version,
-                        "event": rec.kind + (" (duplicate delivery)" if dup else ""),
-                        "event_time": _when(rec.event_ms),
-                        "log_time": _when(m.timestamp()[1]),
-                        "node": rec.node,
-                        "details": _details(rec.payload),
-                        "offset": m.offset(),
-                        "partition": part,
-                        "event_id": rec.event_id,
-                    }
-                )
+                for ev in task_events(rec):
+                    if ev.task_id != task_id:
+                        continue
+                    dup = ev.event_id in seen
+                    seen.add(ev.event_id)
+                    out.append(
+                        {
+                            "version": ev.version,
+                            "event": ev.kind + (" (duplicate delivery)" if dup else ""),
+                            "event_time": _when(ev.event_ms),
+                            "log_time": _when(m.timestamp()[1]),
+                            "node": ev.node,
+                            "details": _details(ev.payload),
+                            "offset": m.offset(),
+                            "partition": part,
+                            "event_id": ev.event_id,
+                        }
+                    )
         return out
     finally:
         c.close()

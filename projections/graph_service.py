@@ -57,6 +57,8 @@ def _handler(queries: GraphQueries, health: dict[str, Any]) -> type[BaseHTTPRequ
                         return self._send(200, queries.nodes(sid))
                     case ["submissions", sid, "edges"]:
                         return self._send(200, queries.edges(sid))
+                    case ["submissions", sid, "counts"]:
+                        return self._send(200, queries.counts(sid))
                     case ["tasks", tid, "needs"]:
                         return self._send(200, queries.needs(tid))
                     case ["tasks", tid, "blocks"]:
@@ -101,6 +103,9 @@ class GraphClient:
 
     def edges(self, submission_id: str) -> list[tuple[str, str]]:
         return [tuple(x) for x in self._get(f"/submissions/{quote(submission_id, safe='')}/edges")]  # type: ignore[misc]
+
+    def counts(self, submission_id: str) -> dict[str, int]:
+        return dict(self._get(f"/submissions/{quote(submission_id, safe='')}/counts"))
 
     def needs(self, task_id: str) -> list[str]:
         return list(self._get(f"/tasks/{quote(task_id, safe='')}/needs"))

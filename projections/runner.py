@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from taskstream.connectors.resting import Resting
 from taskstream.schemas.codec import Codec, DecodeError
-from taskstream.schemas.records import EventRecord
+from taskstream.schemas.records import EventRecord, task_events
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class ProjectionRunner:
         dlq: tuple[Producer, str] | None = None,
         batch_size: int = 2000,
         on_ready: Callable[[], None] | None = None,
-        idle_backoff: float = 0.05,
+        idle_backoff: float = 0.1,
     ) -> None:
         self.projection = projection
         self.consumer = consumer
@@ -107,9 +108,12 @@ class ProjectionRunner:
 
     def poll_once(self, timeout: float = 0.2, until: dict[int, int] | None = None) -> int:
         """Apply one batch. With `until` (partition -> offset), records at or past it are left alone."""
-        msgs = self.consumer.consume(self.batch_size, timeout)
-        if not msgs:
+        # wait at most `timeout` for the first record, then take what is already fetched: consume(n, t)
+        # alone waits the whole t unless n records come, which delayed small batches of big records
+        first = self.consumer.poll(timeout)
+        if first is None:
             return 0
+        msgs = [first, *self.consumer.consume(self.batch_size - 1, 0)]
         batch = Batch(self.topic)
         for m in msgs:
             if m.error():
@@ -132,7 +136,8 @@ class ProjectionRunner:
                 if self.dlq:
                     dead_letter(self.dlq[0], self.dlq[1], m, err.reason, f"projection:{self.projection.name}")
                 continue
-            batch.items.append(Item(part, offset, m.timestamp()[1], rec))
+            log_ms = m.timestamp()[1]
+            batch.items.extend(Item(part, offset, log_ms, x) for x in task_events(rec))
         if self.dlq:
             self.dlq[0].flush(10)  # dead letters are durable before the checkpoint moves past them
         if batch.next_offsets:
@@ -146,8 +151,7 @@ class ProjectionRunner:
         self.assigned.set()
         if self.on_ready:
             self.on_ready()
-        idle = 0.0
-        idle_max = self.idle_backoff
+        resting = Resting(self.consumer, self.topic, ceiling=self.idle_backoff)
         while not self.stop_event.is_set():
             try:
                 n = self.poll_once(0.05)
@@ -159,14 +163,10 @@ class ProjectionRunner:
                 self._assign()
                 continue
             if n:
-                idle = 0.0
+                resting.woke()
                 continue
-            # Nothing new. librdkafka refetches as soon as an empty answer arrives and noida-db answers at
-            # once, so stop fetching for a moment, growing the pause while it stays idle. Unassigning
-            # does that; pause/resume restarted fetching up to 1.5 s late on noida-db (measured).
-            idle = min(idle_max, idle + idle_max / 5)
-            self.consumer.unassign()
-            self.stop_event.wait(idle)
+            # Nothing new: stop fetching until a partition has more (connectors/resting.py).
+            resting.rest(self.next, self.stop_event)
             self._reassign()
 
     def catch_up(self, until: dict[int, int], progress: Callable[[int], None] | None = None) -> None:

@@ -103,22 +103,43 @@ def _plain(value: Any) -> Any:
     return {name: _plain(getattr(value, name)) for name in shape}
 
 
+_SHARED_MAX = 4096  # distinct values kept for sharing
+_RESOURCES: dict[tuple[Any, ...], Resources] = {}
+_BACKOFFS: dict[tuple[Any, ...], Backoff] = {}
+
+
 def spec_from(d: dict[str, Any]) -> TaskSpec:
+    """A TaskSpec from its decoded dict (which the decoder made fresh, so its maps are not copied).
+    Equal Resources and Backoff values are shared: both are frozen, and a submission's tasks mostly
+    repeat a few (admission decodes 10,000s of specs per submission)."""
+    res, bo = d["resources"], d["backoff"]
+    rkey = (res["cpu"], res["memory_mb"], res["gpu"])
+    resources = _RESOURCES.get(rkey)
+    if resources is None:
+        resources = Resources(*rkey)
+        if len(_RESOURCES) < _SHARED_MAX:
+            _RESOURCES[rkey] = resources
+    bkey = (bo["initial_ms"], bo["factor"], bo["max_ms"], bo["jitter"])
+    backoff = _BACKOFFS.get(bkey)
+    if backoff is None:
+        backoff = Backoff(*bkey)
+        if len(_BACKOFFS) < _SHARED_MAX:
+            _BACKOFFS[bkey] = backoff
     return TaskSpec(
-        name=d["name"],
-        tenant=d["tenant"],
-        argv=tuple(d["argv"]),
-        env=dict(d["env"]),
-        working_dir=d["working_dir"],
-        resources=Resources(**d["resources"]),
-        execution_cap_ms=d["execution_cap_ms"],
-        retry_limit=d["retry_limit"],
-        backoff=Backoff(**d["backoff"]),
-        delay_tolerance_ms=d["delay_tolerance_ms"],
-        priority=d["priority"],
-        dependencies=tuple(d["dependencies"]),
-        not_before_ms=d["not_before_ms"],
-        labels=dict(d["labels"]),
+        d["name"],
+        d["tenant"],
+        tuple(d["argv"]),
+        d["env"],
+        d["working_dir"],
+        resources,
+        d["execution_cap_ms"],
+        d["retry_limit"],
+        backoff,
+        d["delay_tolerance_ms"],
+        d["priority"],
+        tuple(d["dependencies"]),
+        d["not_before_ms"],
+        d["labels"],
     )
 
 
@@ -130,6 +151,11 @@ def _typed(cls: type, d: dict[str, Any]) -> Any:
         kw["tasks"] = tuple(spec_from(t) for t in kw["tasks"])
     if cls is r.SubmissionRejected:
         kw["errors"] = tuple(r.FieldProblem(**p) for p in kw["errors"])
+    if cls is r.TasksAdmitted:
+        kw["tasks"] = tuple(
+            r.AdmittedTask(t["task_id"], spec_from(t["spec"]), tuple(t["dependents"]), tuple(t["references"]))
+            for t in kw["tasks"]
+        )
     return cls(**kw)
 
 
@@ -142,10 +168,12 @@ def _branch(table: dict[str, type], value: tuple[str, dict[str, Any]], what: str
 
 
 _TASK_SUBMITTED = r.NS + "TaskSubmitted"
+_TASKS_ADMITTED = r.NS + "TasksAdmitted"
+_SUBMIT_DAG = r.NS + "SubmitDag"
 
 
 def _spec_avro(s: TaskSpec) -> dict[str, Any]:
-    """_plain(spec), written out: admission encodes one per task (10,000s per submission)."""
+    """_plain(spec), written out: the SDK and admission encode one per task (10,000s per submission)."""
     r_, b_ = s.resources, s.backoff
     return {
         "name": s.name,
@@ -166,8 +194,27 @@ def _spec_avro(s: TaskSpec) -> dict[str, Any]:
 
 
 def _union(obj: Any) -> tuple[str, dict[str, Any]]:
-    if type(obj) is TaskSubmitted:
+    t = type(obj)
+    if t is TaskSubmitted:
         return _TASK_SUBMITTED, {"submission_id": obj.submission_id, "spec": _spec_avro(obj.spec)}
+    if t is r.TasksAdmitted:
+        tasks = [
+            {
+                "task_id": a.task_id,
+                "spec": _spec_avro(a.spec),
+                "dependents": list(a.dependents),
+                "references": list(a.references),
+            }
+            for a in obj.tasks
+        ]
+        return _TASKS_ADMITTED, {"node": obj.node, "tasks": tasks}
+    if t is r.SubmitDag:
+        return _SUBMIT_DAG, {
+            "tenant": obj.tenant,
+            "tasks": [_spec_avro(s) for s in obj.tasks],
+            "idempotency_key": obj.idempotency_key,
+            "labels": dict(obj.labels),
+        }
     names = {
         r.CancelTaskRequest: "CancelTask",
         r.ReprioritizeTaskRequest: "ReprioritizeTask",
@@ -186,6 +233,13 @@ def to_avro(obj: Any) -> dict[str, Any]:
             "event_ms": obj.event_ms,
             "node": obj.node,
             "payload": _union(obj.payload),
+        }
+    if type(obj) is r.CommandRecord:  # a SubmitDag may hold 10,000s of specs: don't convert them twice
+        return {
+            "command_id": obj.command_id,
+            "issued_ms": obj.issued_ms,
+            "body": _union(obj.body),
+            "issuer": obj.issuer,
         }
     d = _plain(obj)
     if isinstance(obj, r.EventRecord):

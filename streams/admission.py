@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 from collections import ChainMap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from taskstream.schemas import records as r
 
-from taskstream.core import events as e
+from taskstream.core.model import TaskSpec
 from taskstream.core.submission import (
     Submission,
     assign_ids,
@@ -35,6 +36,7 @@ from taskstream.core.submission import (
 )
 
 Send = tuple[str, str, Any]  # (topic key: "events" | "task-inputs", record key, record)
+CHUNK_TASKS = 500  # tasks per TasksAdmitted record (the admitter splits further if one is too big)
 
 
 @dataclass
@@ -63,14 +65,29 @@ class Decision:
 
 
 def decide_command(
-    node: str, cmd: r.CommandRecord, at_ms: int, *, partition: int, tenant_partition: Any, index: LinkIndex
+    node: str,
+    cmd: r.CommandRecord,
+    at_ms: int,
+    *,
+    partition: int,
+    tenant_partition: Callable[[str], int],
+    task_partition: Callable[[str], int],
+    index: LinkIndex,
 ) -> Decision:
     """The records that carry out one decoded command. `tenant_partition(tenant)` names the commands
-    partition where the tenant's linked submissions are decided."""
+    partition where the tenant's linked submissions are decided; `task_partition(task id)` the events
+    partition a task's events go to."""
     body = cmd.body
     if isinstance(body, r.SubmitDag):
         return decide_submission(
-            node, cmd, body, at_ms, partition=partition, tenant_partition=tenant_partition, index=index
+            node,
+            cmd,
+            body,
+            at_ms,
+            partition=partition,
+            tenant_partition=tenant_partition,
+            task_partition=task_partition,
+            index=index,
         )
     if isinstance(body, r.CancelTaskRequest):
         why = body.reason or f"cancelled by {cmd.issuer or 'a user'}"
@@ -88,7 +105,8 @@ def decide_submission(
     at_ms: int,
     *,
     partition: int,
-    tenant_partition: Any,
+    tenant_partition: Callable[[str], int],
+    task_partition: Callable[[str], int],
     index: LinkIndex,
 ) -> Decision:
     sid = submission_id_for(body.tenant, body.idempotency_key, cmd.command_id)
@@ -128,15 +146,39 @@ def decide_submission(
             "labels": {ids[s.name]: f"{key}/{s.name}" for s in specs if ids[s.name] in kept},
         }
     sends: list[Send] = []
-    for spec in specs:
-        tid = ids[spec.name]
-        sends.append(("events", tid, _event(node, tid, sid, 1, at_ms, e.TaskSubmitted(submission_id=sid, spec=spec))))
-        sends.append(("events", tid, _event(node, tid, sid, 2, at_ms, e.TaskAdmitted(node=node))))
+    for part, tasks in _by_partition(specs, ids, task_partition):
+        for i in range(0, len(tasks), CHUNK_TASKS):
+            chunk = tuple(tasks[i : i + CHUNK_TASKS])
+            packed = r.TasksAdmitted(node=node, tasks=chunk)
+            eid = f"{sid}:admitted:{part}:{i // CHUNK_TASKS}"
+            # keyed by its first task's id, so the key's partition is the one its tasks belong to
+            sends.append(("events", chunk[0].task_id, _event(node, None, sid, 0, at_ms, packed, event_id=eid)))
     accepted = r.SubmissionAccepted(
         tenant=body.tenant, idempotency_key=body.idempotency_key, command_id=cmd.command_id, task_ids=ids
     )
     sends.append(("events", sid, _event(node, None, sid, 0, at_ms, accepted, event_id=f"{sid}:accepted")))
     return Decision(sends, accepted=True, link_entry=entry)
+
+
+def _by_partition(
+    specs: tuple[TaskSpec, ...], ids: dict[str, str], task_partition: Callable[[str], int]
+) -> list[tuple[int, list[r.AdmittedTask]]]:
+    """The admitted tasks grouped by the events partition of their ids, each with its dependents inside
+    the submission (so a prerequisite knows who waits for it without a message per edge)."""
+    own = set(ids.values())
+    dependents: dict[str, list[str]] = {}
+    for spec in specs:
+        tid = ids[spec.name]
+        for d in spec.dependencies:
+            if d in own:
+                dependents.setdefault(d, []).append(tid)
+    groups: dict[int, list[r.AdmittedTask]] = {}
+    for spec in specs:
+        tid = ids[spec.name]
+        refs = tuple(d for d in spec.dependencies if d not in own)
+        admitted = r.AdmittedTask(tid, spec, tuple(dependents.get(tid, ())), refs)
+        groups.setdefault(task_partition(tid), []).append(admitted)
+    return sorted(groups.items())
 
 
 def _rejected(

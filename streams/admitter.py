@@ -30,13 +30,15 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from taskstream.connectors import kafka
-from taskstream.connectors.audit import partition_for
+from taskstream.connectors.partitioning import partition_for
+from taskstream.connectors.resting import Resting
 from taskstream.schemas.codec import Codec, DecodeError
+from taskstream.schemas.records import EventRecord
 from taskstream.streams.admission import Decision, LinkIndex, decide_command
 from taskstream.streams.context import EVENT_HEADER
 
@@ -47,8 +49,9 @@ Headers = list[tuple[str, str | bytes | None]]
 FAULT_POINTS = ("before-write", "mid-write", "before-commit", "after-commit")
 BATCH = 200  # commands per transaction at most
 TXN_TIMEOUT_S = 30.0
-IDLE_MAX_S = 0.1
+IDLE_MAX_S = 0.05  # the longest an idle worker waits before looking for new commands again
 READ_EVERY_S = 0.25  # how often a member reads the others' heartbeats
+PACKED_MAX_BYTES = kafka.MAX_MESSAGE_BYTES // 4  # a TasksAdmitted bigger than this is split
 
 
 def rendezvous_owner(members: list[str], partition: int) -> str:
@@ -221,6 +224,8 @@ class Admitter:
         self.topic_names = {k: s.topic(k) for k in ("events", "task-inputs", "dead-letters")}
         self.group = f"{s.topic_prefix}-{kafka.ADMISSION_GROUP_SUFFIX}"
         self.consumer = kafka.consumer(s, self.group)
+        self.rest = Resting(self.consumer, self.commands, ceiling=IDLE_MAX_S)
+        self.resting = False
         self.owned: dict[int, Owned] = {}
         self.next_offsets: dict[int, int] = {}  # owned partition -> the next command offset to read
         self.txn_ids: dict[int, str] = {}  # partition -> transactional id this member writes it with
@@ -334,6 +339,7 @@ class Admitter:
         unread for good and restarted others up to 1.5 s late (docs/measurements.md): an idle consumer
         is unassigned (it fetches nothing) and reassigned at explicit offsets, which fetches at once."""
         self.consumer.assign([TopicPartition(self.commands, p, o) for p, o in sorted(self.next_offsets.items())])
+        self.resting = False
 
     def _previous_owner(self, p: int) -> str | None:
         with self.members.lock:
@@ -385,7 +391,6 @@ class Admitter:
         self.members.start()
         try:
             last_rebalance = 0.0
-            idle = 0.0
             while not self.stopping.is_set():
                 now = time.monotonic()
                 if now - last_rebalance >= 0.2:
@@ -394,14 +399,18 @@ class Admitter:
                 if not self.owned:
                     time.sleep(0.05)
                     continue
-                msgs = self.consumer.consume(BATCH, timeout=0.01)
-                if not msgs:  # grow a pause while idle, up to 100 ms (ARCHITECTURE.md: noida-db never waits)
-                    idle = min(IDLE_MAX_S, idle + IDLE_MAX_S / 5)
-                    self.consumer.unassign()
-                    self.stopping.wait(idle)
+                if self.resting:  # unassigned while idle (connectors/resting.py); rebalance() keeps running
+                    if not self.rest.behind(self.next_offsets):
+                        self.stopping.wait(self.rest.pause())
+                        continue
                     self._reassign()
+                msgs = _take(self.consumer, BATCH, timeout=0.05)
+                if not msgs:
+                    self.rest.settle(self.next_offsets)
+                    self.consumer.unassign()
+                    self.resting = True
                     continue
-                idle = 0.0
+                self.rest.woke()
                 by_partition: dict[int, list[Message]] = {}
                 for m in msgs:
                     if m.error():
@@ -517,6 +526,7 @@ class Admitter:
                 at_ms,
                 partition=p,
                 tenant_partition=self.tenant_partition,
+                task_partition=self.task_partition,
                 index=owned.index,
             )
         except Exception as exc:  # a bug on this record must not stall the partition: dead-letter it
@@ -550,7 +560,8 @@ class Admitter:
             return
         for topic_key, key, rec in decision.sends:
             kind: Headers | None = [(EVENT_HEADER, rec.kind.encode())] if topic_key == "events" else None
-            prod.produce(self.topic_names[topic_key], key=key.encode(), value=self.codec.encode(rec), headers=kind)
+            for k, value in self._encoded(key, rec):
+                prod.produce(self.topic_names[topic_key], key=k.encode(), value=value, headers=kind)
             if len(prod) > 50_000:
                 prod.poll(0)
         counts.decided += 1
@@ -559,8 +570,25 @@ class Admitter:
         elif decision.sends and decision.sends[0][0] == "events":
             counts.rejected += 1
 
+    def _encoded(self, key: str, rec: Any) -> list[tuple[str, bytes]]:
+        """(key, bytes) to produce for a record: a packed admission too big for one message is split in
+        halves (each keeps its partition: the key is its first task's id) until every part fits."""
+        value = self.codec.encode(rec)
+        tasks = getattr(rec.payload, "tasks", ()) if isinstance(rec, EventRecord) else ()
+        if len(value) <= PACKED_MAX_BYTES or len(tasks) < 2:
+            return [(key, value)]
+        half = len(tasks) // 2
+        parts = []
+        for n, part in enumerate((tasks[:half], tasks[half:])):
+            sub = replace(rec, event_id=f"{rec.event_id}.{n}", payload=replace(rec.payload, tasks=part))
+            parts.extend(self._encoded(part[0].task_id, sub))
+        return parts
+
     def tenant_partition(self, tenant: str) -> int:
         return partition_for(tenant.encode(), self.s.partitions)
+
+    def task_partition(self, task_id: str) -> int:
+        return partition_for(task_id.encode(), self.s.partitions)
 
     # -- fault injection (tests) ----------------------------------------------------------------
     def _fault(self, point: str, flush: Producer | None = None) -> None:
@@ -578,6 +606,15 @@ class Admitter:
             os.fsync(f.fileno())
         log.warning("fault injection: SIGKILL at %s", point)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _take(consumer: Any, most: int, timeout: float) -> list[Message]:
+    """Up to `most` records: waits at most `timeout` for the first, then takes what is already there.
+    (consume(n, t) waits the whole t unless n records come: a batch of a few big records would wait.)"""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(most - 1, 0)]
 
 
 def _offset(msg: Message) -> int:

@@ -11,12 +11,11 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from taskstream.schemas.codec import Codec
-from taskstream.schemas.records import EventRecord, InputRecord
+from taskstream.schemas.records import EVENT_HEADER, EventRecord, InputRecord
 
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
-EVENT_HEADER = "taskstream.event"
 
 
 def _headers(rec: Any) -> list[tuple[str, bytes]] | None:

@@ -54,6 +54,9 @@ class Lifecycle:
         except DecodeError as err:
             await self.ctx.dead_letter(message, err.reason, "lifecycle")
             return
+        if isinstance(rec.payload, r.TasksAdmitted):
+            await self._admit(rec, rec.payload)
+            return
         if rec.task_id is None or not isinstance(rec.payload, ADMISSION_EVENTS):
             return  # submission outcomes, and events this agent wrote itself
         record = self.load(rec.task_id)
@@ -62,6 +65,35 @@ class Lifecycle:
         record.state = evolve(record.state, rec.payload, rec.event_ms)
         more, sends = self._react(record, [rec.payload], rec.event_ms)
         await self._process(record, more, rec.event_ms, rand=0.0, sends=sends)
+
+    async def _admit(self, rec: r.EventRecord, packed: r.TasksAdmitted) -> None:
+        """Admit every task of a packed admission (all of them owned here): the same steps as its
+        TaskSubmitted and TaskAdmitted one by one, but written in one go. Each prerequisite learns its
+        dependents inside the submission from the record itself; only prerequisites in other
+        submissions are asked (WatchPrerequisite) to say when they end."""
+        at = rec.event_ms
+        out: list[tuple[Any, str, Any]] = []
+        saves: list[tuple[TaskRecord, Any]] = []
+        for item, (submitted, admitted) in zip(packed.tasks, _pairs(r.task_events(rec)), strict=True):
+            record = self.load(item.task_id)
+            if record.state.version >= admitted.version:
+                continue  # already applied (redelivery or a resubmission with the same ids)
+            for ev in (submitted, admitted):
+                if ev.version == record.state.version + 1:
+                    record.state = evolve(record.state, ev.payload, at)
+            for dep in item.dependents:
+                if dep not in record.dependents:
+                    record.dependents.append(dep)
+            sends: list[tuple[Any, str, Any]] = []
+            more, more_sends = self._react(record, [admitted.payload], at, watch=item.references)
+            sends.extend(more_sends)
+            events, timer = self._decide(record, more, at, 0.0, sends)
+            out.extend(events)
+            out.extend(sends)
+            saves.append((record, timer))
+        await self.ctx.send_all(out)  # durable first ...
+        for record, timer in saves:
+            self._save(record, timer)  # ... then remembered
 
     async def _on_input(self, message: Any) -> None:
         try:
@@ -135,9 +167,10 @@ class Lifecycle:
         return (self.ctx.inputs, dependent, self.ctx.input(dependent, at, body, f"{task_id}:not-admitted:{dependent}"))
 
     def _react(
-        self, record: TaskRecord, new: list[e.Event], at: int
+        self, record: TaskRecord, new: list[e.Event], at: int, watch: Any = None
     ) -> tuple[list[c.Command], list[tuple[Any, str, Any]]]:
-        """What follows from events just decided: more commands for this task, and sends elsewhere."""
+        """What follows from events just decided: more commands for this task, and sends elsewhere.
+        `watch`: the prerequisites to ask for word when they end (default: all of them)."""
         s = record.state
         cmds: list[c.Command] = []
         sends: list[tuple[Any, str, Any]] = []
@@ -147,7 +180,7 @@ class Lifecycle:
                     assert s.spec is not None
                     if not s.spec.dependencies:
                         cmds.append(c.MarkReady("no prerequisites", at))
-                    for dep in s.spec.dependencies:
+                    for dep in s.spec.dependencies if watch is None else watch:
                         sends.append(
                             (
                                 self.ctx.inputs,
@@ -171,6 +204,15 @@ class Lifecycle:
     async def _process(
         self, record: TaskRecord, commands: list[c.Command], at: int, rand: float, sends: list[tuple[Any, str, Any]]
     ) -> None:
+        events, timer = self._decide(record, commands, at, rand, sends)
+        await self.ctx.send_all(events + sends)  # durable first ...
+        self._save(record, timer)  # ... then remembered
+
+    def _decide(
+        self, record: TaskRecord, commands: list[c.Command], at: int, rand: float, sends: list[tuple[Any, str, Any]]
+    ) -> tuple[list[tuple[Any, str, Any]], Any]:
+        """Run the commands (and what follows from them) on the record: the events to write (sends to
+        other partitions are appended to `sends`) and what to do with the task's timer."""
         tid = record.state.task_id
         pending = deque(commands)
         out: list[tuple[Any, str, Any]] = []
@@ -202,9 +244,13 @@ class Lifecycle:
             more, more_sends = self._react(record, decided, at)
             pending.extend(more)
             sends.extend(more_sends)
-        await self.ctx.send_all(out + sends)  # durable first ...
-        self.tasks[tid.encode()] = dumps(record)  # ... then remembered
-        key = tid.encode()
+        return out, timer
+
+    def _save(self, record: TaskRecord, timer: Any) -> None:
+        """Remember the task (only once its events are durable) and set, clear or keep its timer:
+        a dict sets it, None clears it, False leaves it as it is."""
+        key = record.state.task_id.encode()
+        self.tasks[key] = dumps(record)
         if timer:
             self.timers[key] = json.dumps(timer).encode()
         elif timer is None and key in self.timers:
@@ -212,3 +258,8 @@ class Lifecycle:
 
 
 _ENDINGS = (e.TaskSucceeded, e.TaskDeadLettered, e.TaskCancelled, e.TaskRejected)
+
+
+def _pairs(events: list[r.EventRecord]) -> list[tuple[r.EventRecord, r.EventRecord]]:
+    """[submitted1, admitted1, submitted2, ...] -> [(submitted1, admitted1), ...]"""
+    return list(zip(events[::2], events[1::2], strict=True))

@@ -516,6 +516,7 @@ def tail(
     from taskstream.connectors.audit import describe
     from taskstream.connectors.kafka import consumer, make_codec
     from taskstream.schemas.codec import DecodeError
+    from taskstream.schemas.records import task_events
 
     s = settings()
     codec = make_codec(s, retries=5)
@@ -529,23 +530,22 @@ def tail(
             for m in c.consume(500, 0.5):
                 if m.error():
                     continue
-                try:
-                    row = describe(codec.decode("event", m.value()), m)
+                try:  # a packed admission (TasksAdmitted) is shown as the per-task events it stands for
+                    rows = [describe(ev, m) for ev in task_events(codec.decode("event", m.value()))]
                 except DecodeError as exc:
-                    row = {
-                        "event": "UNDECODABLE",
-                        "details": exc.reason,
-                        "partition": m.partition(),
-                        "offset": m.offset(),
-                    }
-                if as_json:
-                    print(json.dumps(row, default=str), flush=True)
-                else:
-                    console.print(
-                        f"{row.get('log_time', '')} {row.get('task_id') or row.get('submission_id', '')} "
-                        f"v{row.get('version', '?')} [bold]{row['event']}[/] {row['details']}"
-                    )
-                seen += 1
+                    rows = [{"event": "UNDECODABLE", "details": exc.reason, "partition": m.partition(),
+                             "offset": m.offset()}]  # fmt: skip
+                for row in rows:
+                    if as_json:
+                        print(json.dumps(row, default=str), flush=True)
+                    else:
+                        console.print(
+                            f"{row.get('log_time', '')} {row.get('task_id') or row.get('submission_id', '')} "
+                            f"v{row.get('version', '?')} [bold]{row['event']}[/] {row['details']}"
+                        )
+                    seen += 1
+                    if count and seen >= count:
+                        break
                 if count and seen >= count:
                     break
     except KeyboardInterrupt:

@@ -26,8 +26,8 @@ from typing import Any
 import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from taskstream.connectors.audit import partition_for
 from taskstream.connectors.kafka import make_codec
+from taskstream.connectors.partitioning import partition_for
 from taskstream.connectors.services import ready_file
 from taskstream.projections.graph_service import GraphClient
 from taskstream.schemas import records as r
@@ -197,7 +197,7 @@ def read_log(stack: Stack, topic_key: str, committed: bool) -> list[Any]:
 def decisions(stack: Stack, committed: bool = True) -> tuple[Counter[str], Counter[str], list[r.EventRecord]]:
     """Per command id: how many decisions; per task id: how many TaskSubmitted; all decoded events."""
     codec = make_codec(stack.settings)
-    recs = [codec.decode("event", m.value()) for m in read_log(stack, "events", committed)]
+    recs = [x for m in read_log(stack, "events", committed) for x in r.task_events(codec.decode("event", m.value()))]
     per_command = Counter(
         x.payload.command_id for x in recs if isinstance(x.payload, r.SubmissionAccepted | r.SubmissionRejected)
     )

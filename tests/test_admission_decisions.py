@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from taskstream.schemas import records as r
-from taskstream.streams.admission import LinkIndex, decide_command
+from taskstream.streams.admission import CHUNK_TASKS, LinkIndex, decide_command
 
 from taskstream.core import events as e
 from taskstream.core.submission import parse_document, reference_id
@@ -15,7 +15,18 @@ def command(key: str, tasks: list[dict[str, object]], tenant: str = "acme") -> r
 
 
 def decide(cmd: r.CommandRecord, index: LinkIndex, partition: int = 0, home: int = 0):  # type: ignore[no-untyped-def]
-    return decide_command("node", cmd, 1000, partition=partition, tenant_partition=lambda _t: home, index=index)
+    return decide_command(
+        "node", cmd, 1000, partition=partition, tenant_partition=lambda _t: home, task_partition=by_id, index=index
+    )
+
+
+def by_id(task_id: str) -> int:
+    """A stand-in for the events topic's partitioner: any pure function of the id will do."""
+    return int(task_id[:2], 16) % 3
+
+
+def task_events_of(d):  # type: ignore[no-untyped-def]
+    return [x for _, _, rec in d.sends for x in r.task_events(rec)]
 
 
 def admit(cmd: r.CommandRecord, index: LinkIndex):  # type: ignore[no-untyped-def]
@@ -54,8 +65,8 @@ def test_the_same_references_without_a_cycle_are_admitted_with_ids_from_the_keys
     index = LinkIndex()
     admit(command("k1", [{"name": "a", "argv": ["x"], "dependencies": ["k2/b"]}]), index)
     d = admit(command("k2", [{"name": "b", "argv": ["x"]}]), index)
-    submitted = [rec.payload for _, _, rec in d.sends if isinstance(rec.payload, e.TaskSubmitted)]
-    assert [rec.task_id for _, _, rec in d.sends if isinstance(rec.payload, e.TaskSubmitted)] == [
+    submitted = [rec.payload for rec in task_events_of(d) if isinstance(rec.payload, e.TaskSubmitted)]
+    assert [rec.task_id for rec in task_events_of(d) if isinstance(rec.payload, e.TaskSubmitted)] == [
         reference_id("acme", "k2", "b")
     ]
     assert submitted[0].spec.dependencies == ()
@@ -92,3 +103,42 @@ def test_a_rejected_submission_adds_nothing_to_the_index() -> None:
     before = dict(index.edges)
     decide(command("k2", [{"name": "b", "argv": ["x"], "dependencies": ["k1/a"]}]), index)
     assert index.edges == before
+
+
+def test_tasks_are_admitted_packed_per_partition_with_their_dependents_and_references() -> None:
+    n = CHUNK_TASKS * 2 + 7
+    tasks: list[dict[str, object]] = [{"name": "t0", "argv": ["x"], "dependencies": ["k0/outside"]}]
+    tasks += [{"name": f"t{i}", "argv": ["x"], "dependencies": sorted({f"t{i - 1}", "t0"})} for i in range(1, n)]
+    d = admit(command("big", tasks), LinkIndex())
+    packed = [(key, rec) for topic, key, rec in d.sends if isinstance(rec.payload, r.TasksAdmitted)]
+    assert all(topic == "events" for topic, _, _ in d.sends)
+    assert isinstance(d.sends[-1][2].payload, r.SubmissionAccepted), "the decision is the last record"
+    ids = d.sends[-1][2].payload.task_ids
+    seen: list[str] = []
+    for key, rec in packed:
+        items = rec.payload.tasks
+        assert 0 < len(items) <= CHUNK_TASKS
+        assert key == items[0].task_id and rec.task_id is None and rec.version == 0
+        assert {by_id(t.task_id) for t in items} == {by_id(key)}, "a packed record holds one partition's tasks"
+        seen += [t.task_id for t in items]
+    assert sorted(seen) == sorted(ids.values()), "every task exactly once"
+    assert len({rec.event_id for _, rec in packed}) == len(packed)
+    by_task = {t.task_id: t for _, rec in packed for t in rec.payload.tasks}
+    first = by_task[ids["t0"]]
+    assert set(first.dependents) == {ids[f"t{i}"] for i in range(1, n)}
+    assert first.references == (reference_id("acme", "k0", "outside"),)
+    last = by_task[ids[f"t{n - 1}"]]
+    assert last.dependents == () and last.references == ()
+    assert set(last.spec.dependencies) == {ids[f"t{n - 2}"], ids["t0"]}
+    # unpacked, each task has its TaskSubmitted (version 1) and TaskAdmitted (version 2)
+    events = task_events_of(d)
+    assert {(x.event_id, x.version, x.kind) for x in events if x.task_id == ids["t5"]} == {
+        (f"{ids['t5']}:1", 1, "TaskSubmitted"),
+        (f"{ids['t5']}:2", 2, "TaskAdmitted"),
+    }
+    assert len(events) == 2 * n + 1
+
+
+def test_deciding_the_same_command_again_writes_the_same_records() -> None:
+    cmd = command("again", [{"name": f"t{i}", "argv": ["x"], "dependencies": ["t0"] if i else []} for i in range(50)])
+    assert decide(cmd, LinkIndex()).sends == decide(cmd, LinkIndex()).sends

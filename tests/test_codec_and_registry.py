@@ -64,6 +64,7 @@ def test_every_class_matches_its_avro_record_field_for_field() -> None:
                 ("TaskInput", r.InputRecord),
                 ("QueuedTask", r.QueuedTask),
                 ("FieldProblem", r.FieldProblem),
+                ("AdmittedTask", r.AdmittedTask),
             )
         }
     )
@@ -95,6 +96,20 @@ PAYLOADS = st.one_of(
     st.builds(e.TaskSubmitted, text, specs()),
     *[st.builds(cls) for cls in e.EVENT_TYPES if cls is not e.TaskSubmitted],
     st.builds(r.SubmissionAccepted, text, st.none() | text, text, st.dictionaries(text, text, max_size=3)),
+    st.builds(
+        r.TasksAdmitted,
+        text,
+        st.lists(
+            st.builds(
+                r.AdmittedTask,
+                text,
+                specs(),
+                st.lists(text, max_size=3).map(tuple),
+                st.lists(text, max_size=2).map(tuple),
+            ),
+            max_size=3,
+        ).map(tuple),
+    ),
     st.builds(
         r.SubmissionRejected,
         text,
@@ -220,3 +235,9 @@ def test_the_hand_written_event_encoding_equals_the_generic_one() -> None:
     rec = EventRecord("e", "t1", "s", 1, 2, "n", TaskSubmitted(submission_id="s", spec=spec))
     generic = {**c._plain(rec), "payload": (c._TASK_SUBMITTED, c._plain(rec.payload))}
     assert c.to_avro(rec) == generic
+    packed = EventRecord(
+        "e", None, "s", 0, 2, "n", r.TasksAdmitted("n", (r.AdmittedTask("t1", spec, ("t2",), ("x",)),))
+    )
+    assert c.to_avro(packed) == {**c._plain(packed), "payload": (c._TASKS_ADMITTED, c._plain(packed.payload))}
+    cmd = r.CommandRecord("c", 1, r.SubmitDag("t", (spec, spec), "k", {"a": "b"}), "me")
+    assert c.to_avro(cmd) == {**c._plain(cmd), "body": (c._SUBMIT_DAG, c._plain(cmd.body))}

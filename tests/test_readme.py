@@ -67,15 +67,19 @@ def test_the_main_command_runs_the_example_to_the_end(tmp_path: Path) -> None:
 @pytest.mark.stack
 def test_the_readme_consumer_reads_the_events_topic(stack) -> None:  # type: ignore[no-untyped-def]
     """The ten-line consumer in the README, run as written (ports swapped for the test stack's)."""
-    m = re.search(r"this is a complete one:\s*```python\n(.+?)\n```", README, re.S)
+    m = re.search(r"This is a complete consumer:\s*```python\n(.+?)\n```", README, re.S)
     assert m, "README lost its consumer example"
     code = m.group(1)
-    assert len(code.strip().splitlines()) <= 11
+    assert len(code.strip().splitlines()) <= 13
     s = stack.settings
     code = code.replace("http://127.0.0.1:18081", s.registry).replace("127.0.0.1:19092", s.bootstrap)
     code = code.replace("c.poll(10)", "c.poll(5)")  # stop sooner once it has read everything
     stack.cli("submit", str(ROOT / "examples" / "hello.yaml"), "--follow", "--timeout", "60")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    kinds = {line.split()[2] for line in done.stdout.splitlines() if len(line.split()) >= 3}
-    assert {"io.taskstream.TaskSubmitted", "io.taskstream.TaskSucceeded"} <= kinds
+    rows = [line.split() for line in done.stdout.splitlines() if len(line.split()) >= 4]
+    kinds = {row[2] for row in rows}
+    assert {"io.taskstream.TasksAdmitted", "io.taskstream.TaskSucceeded"} <= kinds
+    admitted = {row[0] for row in rows if row[2] == "io.taskstream.TasksAdmitted"}
+    succeeded = {row[0] for row in rows if row[2] == "io.taskstream.TaskSucceeded"}
+    assert succeeded and succeeded <= admitted, "the example names each packed task by its id"

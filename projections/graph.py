@@ -28,6 +28,12 @@ UPSERT_NODES = (
     "t.status = CASE WHEN coalesce(t.version, 0) < r.version THEN r.status ELSE t.status END, "
     "t.version = CASE WHEN coalesce(t.version, 0) < r.version THEN r.version ELSE t.version END"
 )
+SET_NODES = (
+    "UNWIND $rows AS r MATCH (t:Task {id: r.id}) "
+    "SET t.name = r.name, t.tenant = r.tenant, t.submission_id = r.submission_id, "
+    "t.status = CASE WHEN coalesce(t.version, 0) < r.version THEN r.status ELSE t.status END, "
+    "t.version = CASE WHEN coalesce(t.version, 0) < r.version THEN r.version ELSE t.version END"
+)
 UPSERT_EDGES = "UNWIND $rows AS r MERGE (a:Task {id: r.src}) MERGE (b:Task {id: r.dst}) MERGE (a)-[:DEPENDS_ON]->(b)"
 SET_STATUS = (
     "UNWIND $rows AS r MATCH (t:Task {id: r.id}) WHERE coalesce(t.version, 0) < r.version "
@@ -101,7 +107,20 @@ def graph_writes(records: Iterable[r.EventRecord]) -> GraphWrites:
     statuses: dict[str, dict[str, Any]] = {}
     for rec in records:
         p = rec.payload
-        if isinstance(p, e.TaskSubmitted):
+        if isinstance(p, r.TasksAdmitted):  # each task's TaskSubmitted and TaskAdmitted
+            for t in p.tasks:
+                nodes.append(
+                    {
+                        "id": t.task_id,
+                        "name": t.spec.name,
+                        "tenant": t.spec.tenant,
+                        "submission_id": rec.submission_id,
+                        "status": Status.WAITING.value,
+                        "version": 2,
+                    }
+                )
+                edges.extend({"src": t.task_id, "dst": d} for d in t.spec.dependencies)
+        elif isinstance(p, e.TaskSubmitted):
             nodes.append(
                 {
                     "id": rec.task_id,
@@ -218,7 +237,10 @@ class LadybugStore:
         finally:
             for path in files:
                 path.unlink(missing_ok=True)
-        merge_nodes = [latest[i] for i in latest if i in existing]
+        bare_before = [latest[i] for i in latest if i in existing and existing[i] is None]
+        if bare_before:  # nodes made bare by an earlier batch's edges: MATCH is 2x faster than MERGE here
+            self.conn.execute(SET_NODES, {"rows": bare_before})
+        merge_nodes = [latest[i] for i in latest if existing.get(i) is not None]
         merge_edges = [e_ for e_ in w.edges if e_["src"] not in first]
         return merge_nodes, merge_edges, statuses
 

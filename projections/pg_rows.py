@@ -18,6 +18,7 @@ from typing import Any
 from taskstream.schemas import records as r
 
 from taskstream.core import events as e
+from taskstream.core.model import TaskSpec
 
 # Columns a task patch may set, each with its bit in the patch's mask.
 TASK_PATCH_COLS = (
@@ -62,21 +63,31 @@ def _seen(d: dict[str, tuple[datetime, datetime]], key: str, at: datetime) -> No
 
 
 def _task_row(tid: str, rec: r.EventRecord, p: e.TaskSubmitted, at: datetime | None) -> tuple[Any, ...]:
-    s = p.spec
+    return _new_row(tid, p.submission_id, p.spec, "SUBMITTED", rec.version, at, None)
+
+
+def _admitted_row(tid: str, sid: str, spec: TaskSpec, at: datetime) -> tuple[Any, ...]:
+    """The row TaskSubmitted (version 1) and then TaskAdmitted (version 2) at `at` leave."""
+    return _new_row(tid, sid, spec, "WAITING", 2, at, at)
+
+
+def _new_row(
+    tid: str, sid: str, s: TaskSpec, status: str, version: int, at: datetime | None, admitted: datetime | None
+) -> tuple[Any, ...]:
     bo = {"initial_ms": s.backoff.initial_ms, "factor": s.backoff.factor, "max_ms": s.backoff.max_ms,
           "jitter": s.backoff.jitter}  # fmt: skip
     return (
-        tid, p.submission_id, s.name, s.tenant, "SUBMITTED", rec.version, list(s.argv), json.dumps(s.env),
+        tid, sid, s.name, s.tenant, status, version, list(s.argv), json.dumps(s.env),
         s.working_dir, s.resources.cpu, s.resources.memory_mb, s.resources.gpu, s.execution_cap_ms, s.retry_limit,
         json.dumps(bo), s.delay_tolerance_ms, s.priority, list(s.dependencies), ts(s.not_before_ms),
-        json.dumps(s.labels), at, at,
+        json.dumps(s.labels), at, at, admitted,
     )  # fmt: skip
 
 
 NEW_TASK_COLS = (
     "task_id", "submission_id", "name", "tenant", "status", "version", "argv", "env", "working_dir", "cpu",
     "memory_mb", "gpu", "execution_cap_ms", "retry_limit", "backoff", "delay_tolerance_ms", "priority",
-    "dependencies", "not_before", "labels", "submitted_at", "updated_at",
+    "dependencies", "not_before", "labels", "submitted_at", "updated_at", "admitted_at",
 )  # fmt: skip
 
 
@@ -172,6 +183,15 @@ def fold(records: Iterable[r.EventRecord]) -> PgWrites:
             w.submissions.append(
                 (rec.submission_id, p.tenant, None, p.command_id, "REJECTED", "{}", json.dumps(errs), at)
             )
+            continue
+        if isinstance(p, r.TasksAdmitted):  # each task's TaskSubmitted + TaskAdmitted: one new row each
+            assert at is not None
+            for t in p.tasks:
+                if folded.get(t.task_id, 0) >= 2:
+                    continue
+                folded[t.task_id] = 2
+                w.new_tasks.setdefault(t.task_id, _admitted_row(t.task_id, rec.submission_id, t.spec, at))
+                _seen(w.tenants, t.spec.tenant, at)
             continue
         tid = rec.task_id
         assert tid is not None, f"task event {rec.event_id} without a task id"

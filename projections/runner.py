@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast
 from confluent_kafka import Consumer, Producer, TopicPartition
 from taskstream.connectors.resting import Resting
 from taskstream.schemas.codec import Codec, DecodeError
-from taskstream.schemas.records import EventRecord, task_events
+from taskstream.schemas.records import EventRecord
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +136,7 @@ class ProjectionRunner:
                 if self.dlq:
                     dead_letter(self.dlq[0], self.dlq[1], m, err.reason, f"projection:{self.projection.name}")
                 continue
-            log_ms = m.timestamp()[1]
-            batch.items.extend(Item(part, offset, log_ms, x) for x in task_events(rec))
+            batch.items.append(Item(part, offset, m.timestamp()[1], rec))  # packed admissions stay packed
         if self.dlq:
             self.dlq[0].flush(10)  # dead letters are durable before the checkpoint moves past them
         if batch.next_offsets:

@@ -21,6 +21,7 @@ SIGKILLed member, measured in docs/measurements.md.)
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -438,6 +439,9 @@ class Admitter:
         self._fault("before-write")
         counts = Stats()
         t0 = time.monotonic()
+        # A large submission allocates ~10^5 objects that all live until the batch ends: the cyclic
+        # collector would traverse them again and again for nothing (~12% of the batch, measured).
+        gc.disable()
         try:
             prod.begin_transaction()
             for i, msg in enumerate(batch):
@@ -452,7 +456,7 @@ class Admitter:
             prod.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
             self._commit(prod)
             t3 = time.monotonic()
-            if t3 - t0 > 1.0:
+            if t3 - t0 > 0.0:
                 log.info(
                     "partition %d: %d command(s) in %.2fs (deciding and producing %.2fs, flush %.2fs, commit %.2fs)",
                     p,
@@ -466,6 +470,7 @@ class Admitter:
             self._failed(owned, batch, exc)
             return
         finally:
+            gc.enable()
             self.in_flight = None
         self.next_offsets[p] = _offset(batch[-1]) + 1
         self._fault("after-commit")

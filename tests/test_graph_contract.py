@@ -205,3 +205,58 @@ def test_bulk_replay_loads_the_same_graph_as_incremental_projection(
         assert GraphProjection(bulk).checkpoints("events") == {0: len(recs)}
         live.close()
         bulk.close()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(30, 150), seed=st.integers(0, 2**32), data=st.data())
+def test_packed_admissions_bulk_loaded_give_the_graph_their_events_merged_give(
+    n: int, seed: int, data: st.DataObject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live writer COPYs tasks new to the graph (LadybugStore._bulk_load) from packed admissions
+    split over batches in any way; MERGEing the unpacked events one row at a time must give the same."""
+    import random
+    import tempfile
+    from pathlib import Path
+
+    from taskstream.projections import graph
+    from taskstream.projections.replay import SNAPSHOT_EDGES, SNAPSHOT_NODES
+    from taskstream.schemas.records import AdmittedTask, TasksAdmitted, task_events
+
+    rng = random.Random(seed)
+    sid = "s"
+    ids = [f"id-{i}" for i in range(n)]
+    deps = {i: sorted({rng.randrange(i) for _ in range(3)}) if i else [] for i in range(n)}
+    tasks = [
+        AdmittedTask(ids[i], TaskSpec(f"n{i}", "t", ("x",), dependencies=tuple(ids[d] for d in deps[i])))
+        for i in range(n)
+    ]
+    rng.shuffle(tasks)  # a packed record holds tasks in any order; prerequisites may come later
+    size = data.draw(st.integers(5, n))
+    packed = [
+        EventRecord(f"{sid}:admitted:{i}", None, sid, 0, 5, "n", TasksAdmitted("n", tuple(tasks[i : i + size])))
+        for i in range(0, n, size)
+    ]
+    later = [EventRecord(f"{ids[i]}:3", ids[i], sid, 3, 6, "n", e.TaskReady("r")) for i in range(0, n, 7)]
+    cut = data.draw(st.integers(1, len(packed)))
+    batches = [packed[:cut], packed[cut:] + later]
+    with tempfile.TemporaryDirectory() as tmp:
+        bulk, merged = LadybugStore(Path(tmp) / "bulk.lbug"), LadybugStore(Path(tmp) / "merged.lbug")
+        offset = 0
+        with monkeypatch.context() as m:
+            m.setattr(graph, "BULK_MIN_NODES", 1)  # COPY whatever the batch size
+            for b in batches:
+                items = [Item(0, offset + i, 0, rec) for i, rec in enumerate(b)]
+                offset += len(b)
+                GraphProjection(bulk).apply(Batch("events", items, {0: offset}))
+        with monkeypatch.context() as m:
+            m.setattr(graph, "BULK_MIN_NODES", 10**9)  # MERGE only
+            unpacked = [x for b in batches for rec in b for x in task_events(rec)]
+            items = [Item(0, i, 0, rec) for i, rec in enumerate(unpacked)]
+            GraphProjection(merged).apply(Batch("events", items, {0: len(unpacked)}))
+        for q in (SNAPSHOT_NODES, SNAPSHOT_EDGES):
+            assert bulk.query(q) == merged.query(q)
+        statuses = dict(bulk.query("MATCH (t:Task) RETURN t.id, t.status"))
+        assert len(statuses) == n and statuses[ids[7]] == "READY" and statuses[ids[1]] == "WAITING"
+        assert len(bulk.query(SNAPSHOT_EDGES)) == sum(len(d) for d in deps.values())
+        bulk.close()
+        merged.close()

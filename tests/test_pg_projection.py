@@ -114,3 +114,44 @@ def test_every_event_twice_or_replayed_from_earlier_leaves_the_rows_unchanged(ds
         Batch("events", [Item(0, i, 0, r) for i, r in enumerate(evs[5:])], {0: len(evs)})
     )  # from an earlier offset
     assert snapshot(dsn) == expected
+
+
+def test_a_packed_admission_projects_to_the_rows_its_events_do(dsn: str) -> None:
+    from taskstream.schemas.records import AdmittedTask, TasksAdmitted, task_events
+
+    sid = str(uuid.uuid4())
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    packed = EventRecord(
+        f"{sid}:admitted:0:0",
+        None,
+        sid,
+        0,
+        1_000,
+        "n",
+        TasksAdmitted(
+            "n",
+            (
+                AdmittedTask(a, TaskSpec("a", "acme", ("echo", "a"), env={"K": "v"}, labels={"l": "1"}), (b,)),
+                AdmittedTask(b, TaskSpec("b", "acme", ("echo", "b"), dependencies=(a,), priority=3)),
+            ),
+        ),
+    )
+    ready = EventRecord(f"{a}:3", a, sid, 3, 2_000, "n", e.TaskReady("no prerequisites"))
+
+    def rows() -> list[tuple[object, ...]]:
+        with psycopg.connect(dsn) as conn:
+            return conn.execute("SELECT * FROM tasks ORDER BY name").fetchall()
+
+    proj = PgProjection(dsn)
+    for i, batch in enumerate(([packed, ready], [packed], [packed, packed])):  # with later events; alone; twice
+        proj.apply(Batch("events", [Item(0, j, 0, x) for j, x in enumerate(batch)], {0: len(batch)}))
+        got = rows()
+        with psycopg.connect(dsn) as conn:
+            conn.execute("TRUNCATE tasks CASCADE")
+        unpacked = [x for rec in batch for x in task_events(rec)]
+        proj.apply(Batch("events", [Item(0, j, 0, x) for j, x in enumerate(unpacked)], {0: len(unpacked)}))
+        assert rows() == got, i
+        assert [(r[2], r[4], r[5]) for r in got] == [("a", "READY" if i == 0 else "WAITING", 3 if i == 0 else 2),
+                                                      ("b", "WAITING", 2)]  # fmt: skip
+        with psycopg.connect(dsn) as conn:
+            conn.execute("TRUNCATE tasks CASCADE")

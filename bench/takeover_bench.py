@@ -3,10 +3,11 @@
 Starts its own embedded stack without admission workers, starts two (`taskstream serve admission`),
 keeps producing small submissions to every commands partition (20 per second), SIGKILLs the worker that
 owns some partitions, and measures from the SIGKILL:
-  - until the survivor owns every partition (its heartbeat says so);
-  - until the first and the last orphaned submission (sent to the dead worker's partitions) is decided;
+  - until the survivor owns every partition (as `taskstream cluster` shows it);
+  - until the last submission pending on the dead worker's partitions at the kill is decided;
+  - the longest wait of submissions sent to those partitions after the kill (they wait for the takeover);
 and the decision latency of submissions before the kill, for comparison. Writes
-bench/results/takeover.json.
+bench/results/takeover.json; the two workers' logs are kept in the stack's state directory.
 
     python bench/takeover_bench.py [--member-timeout-ms 5000] [--seconds 20]
 """
@@ -59,15 +60,16 @@ def main() -> int:
             if a != b and 0 < list(owners(host, (a, b), s.partitions).values()).count(a) < s.partitions
         )
         victim_parts = {p for p, i in owners(host, pair, s.partitions).items() if i == pair[0]}
+        logs = [open(Path(env["TASKSTREAM_STATE_DIR"]) / f"bench-admission-{i}.log", "wb") for i in pair]  # noqa: SIM115
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "taskstream", "serve", "admission", "--index", str(i)],
                 env=env,
                 cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
-            for i in pair
+            for i, log in zip(pair, logs, strict=True)
         ]
         codec = make_codec(s)
         sent: dict[str, tuple[int, float]] = {}  # command id -> (partition, sent at)
@@ -88,9 +90,22 @@ def main() -> int:
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
+        owns_all: list[float] = []
+        killed_at: float | None = None
+
+        def observe() -> None:  # from the kill on: when does `taskstream cluster` show one member owning all?
+            while killed_at is None:
+                time.sleep(0.05)
+            while not owns_all and time.time() < killed_at + 120:
+                live = [m for m in describe(s)["members"] if m["alive"]]
+                if len(live) == 1 and sorted(live[0]["owned"]) == list(range(s.partitions)):
+                    owns_all.append(time.time())
+                time.sleep(0.2)
+
+        observer = threading.Thread(target=observe, daemon=True)
+        observer.start()
         time.sleep(4)  # both members up and sharing the partitions
         producer = Producer({"bootstrap.servers": s.bootstrap, "linger.ms": 2})
-        killed_at = None
         t_end = time.time() + args.seconds
         i = 0
         while time.time() < t_end:
@@ -106,16 +121,13 @@ def main() -> int:
             if killed_at is None and time.time() > t_end - args.seconds * 0.6:
                 procs[0].send_signal(signal.SIGKILL)
                 killed_at = time.time()
+                print(
+                    f"SIGKILL at {time.strftime('%H:%M:%S', time.localtime(killed_at))}.{int(killed_at % 1 * 1000):03d}"
+                )
             time.sleep(0.05)
         producer.flush(10)
         assert killed_at is not None
-        owns_all = None
-        while owns_all is None and time.time() < killed_at + 120:
-            view = describe(s)
-            live = [m for m in view["members"] if m["alive"]]
-            if len(live) == 1 and sorted(live[0]["owned"]) == list(range(s.partitions)):
-                owns_all = time.time()
-            time.sleep(0.2)
+        observer.join(120)
         deadline = time.time() + 60
         while len(decided) < len(sent) and time.time() < deadline:
             time.sleep(0.2)
@@ -124,9 +136,17 @@ def main() -> int:
             proc.terminate()
         for proc in procs:
             proc.wait(20)
-    orphans = [c for c, (p, t) in sent.items() if p in victim_parts and t <= killed_at]
-    orphans += [c for c, (p, t) in sent.items() if p in victim_parts and t > killed_at]
-    orphan_decided = sorted(decided[c] - killed_at for c in orphans if c in decided and decided[c] > killed_at)
+        for log in logs:
+            log.close()
+        print(f"admission workers' logs: {', '.join(log.name for log in logs)}")
+    # pending at the kill: sent to the dead member's partitions before it died, not decided by then
+    pending = [
+        c for c, (p, t) in sent.items() if p in victim_parts and t <= killed_at and decided.get(c, 1e20) > killed_at
+    ]
+    # sent to the dead member's partitions after it died: they wait for the takeover
+    after = [c for c, (p, t) in sent.items() if p in victim_parts and t > killed_at]
+    pending_decided = sorted(decided[c] - killed_at for c in pending if c in decided)
+    after_waits = sorted(decided[c] - sent[c][1] for c in after if c in decided)
     before = sorted(decided[c] - t for c, (_, t) in sent.items() if c in decided and t < killed_at - 1)
     report = {
         "benchmark": "admission takeover after SIGKILL of one of two workers",
@@ -134,9 +154,11 @@ def main() -> int:
         "submissions": len(sent),
         "decided": len(decided),
         "lost": len(sent) - len(decided),
-        "survivor_owns_every_partition_s": None if owns_all is None else round(owns_all - killed_at, 2),
-        "first_orphan_decided_s": round(orphan_decided[0], 2) if orphan_decided else None,
-        "last_orphan_decided_s": round(orphan_decided[-1], 2) if orphan_decided else None,
+        "survivor_owns_every_partition_s": round(owns_all[0] - killed_at, 2) if owns_all else None,
+        "pending_at_kill": len(pending),
+        "last_pending_at_kill_decided_s": round(pending_decided[-1], 2) if pending_decided else None,
+        "sent_after_kill_to_its_partitions": len(after),
+        "their_longest_wait_s": round(after_waits[-1], 2) if after_waits else None,
         "decision_latency_before_kill_p50_s": round(before[len(before) // 2], 3) if before else None,
         "decision_latency_before_kill_max_s": round(before[-1], 3) if before else None,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -194,9 +194,9 @@ def submit(
         raise typer.Exit(2) from exc
     s = settings()
     try:
-        client = Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}")
-        command_id, sid = client.submit(sub)
-        outcome = client.wait_outcome(sid, timeout=min(timeout, 120), command_id=command_id)
+        with Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}") as client:
+            command_id, sid = client.submit(sub)
+            outcome = client.wait_outcome(sid, timeout=min(timeout, 120), command_id=command_id)
     except SubmitError as exc:
         fail(str(exc))
     if not outcome.accepted:
@@ -210,7 +210,7 @@ def submit(
         for name, tid in outcome.task_ids.items():
             console.print(f"  {name}  {tid}")
         return
-    ok = follow_submission(s, sid, timeout)
+    ok = follow_submission(s, sid, timeout, tasks=len(outcome.task_ids))
     raise typer.Exit(0 if ok else 1)
 
 
@@ -222,8 +222,9 @@ def _rows(conn: Any, sid: str) -> list[tuple[Any, ...]]:
     ).fetchall()
 
 
-def follow_submission(s: Settings, sid: str, timeout: float) -> bool:
-    """Show progress until every task of the submission is terminal; print a summary; True if all succeeded."""
+def follow_submission(s: Settings, sid: str, timeout: float, tasks: int | None = None) -> bool:
+    """Show progress until every task of the submission is terminal; print a summary; True if all succeeded.
+    `tasks`: how many it has (the decision says; PostgreSQL may not show them all yet)."""
     import psycopg
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -234,7 +235,7 @@ def follow_submission(s: Settings, sid: str, timeout: float) -> bool:
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
         ) as progress:
-            bar = progress.add_task("running", total=len(rows) or None)
+            bar = progress.add_task("running", total=tasks or len(rows) or None)
             while time.monotonic() < deadline:
                 rows = _rows(conn, sid)
                 for name, status, attempt, *_ in rows:
@@ -248,11 +249,11 @@ def follow_submission(s: Settings, sid: str, timeout: float) -> bool:
                     counts[r[1]] = counts.get(r[1], 0) + 1
                 progress.update(
                     bar,
-                    total=len(rows),
+                    total=max(len(rows), tasks or 0),
                     completed=done,
                     description=" ".join(f"{k.lower()}:{v}" for k, v in sorted(counts.items())),
                 )
-                if rows and done == len(rows):
+                if rows and done == len(rows) and (tasks is None or len(rows) >= tasks):
                     break
                 time.sleep(0.3)
         rows = _rows(conn, sid)

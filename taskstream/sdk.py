@@ -9,11 +9,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicPartition
 
-from taskstream.connectors.kafka import make_codec, producer
+from taskstream.connectors.kafka import consumer, make_codec, producer
+from taskstream.connectors.partitioning import partition_for
+from taskstream.connectors.resting import Resting
 from taskstream.core.submission import Submission, external_dependencies, submission_id_for
-from taskstream.schemas.records import CancelTaskRequest, CommandRecord, ReprioritizeTaskRequest, SubmitDag
+from taskstream.schemas.codec import DecodeError
+from taskstream.schemas.records import (
+    CancelTaskRequest,
+    CommandRecord,
+    ReprioritizeTaskRequest,
+    SubmissionAccepted,
+    SubmissionRejected,
+    SubmitDag,
+)
 from taskstream.settings import Settings
 
 
@@ -48,11 +58,12 @@ class Client:
             **{"enable.idempotence": False, "max.in.flight.requests.per.connection": 1},
         )
         self._connect()
+        self._reader: Any = None  # a read_committed consumer of the events topic, made on first use
+        self._marks: dict[str, TopicPartition] = {}  # command id -> where its decision will be
 
     def _connect(self, timeout: float = 10.0) -> None:
         """Connect and learn the commands topic's partitions now, so a broker that is not there is
-        reported here, and the first submission does not pay for it (~0.8 s on a fresh producer,
-        measured in bench/admission_bench.py)."""
+        reported here and the first submission does not wait for the connection."""
         try:
             meta = self._producer.list_topics(self.topic, timeout=timeout)
         except KafkaException as exc:
@@ -65,8 +76,8 @@ class Client:
                 "is the stack up? `taskstream status`"
             )
 
-    def _send(self, key: str, body: Any) -> str:
-        command_id = str(uuid.uuid4())
+    def _send(self, key: str, body: Any, command_id: str | None = None) -> str:
+        command_id = command_id or str(uuid.uuid4())
         cmd = CommandRecord(command_id=command_id, issued_ms=int(time.time() * 1000), body=body, issuer=self.issuer)
         value = self._codec.encode(cmd)
         errors: list[Any] = []
@@ -86,8 +97,12 @@ class Client:
         # streams/admission.py): key it by tenant so it lands there. Others spread over the partitions.
         spread = f"{sub.tenant}/{sub.idempotency_key or uuid.uuid4()}"
         key = sub.tenant if external_dependencies(sub) else spread
-        command_id = self._send(key, body)
-        return command_id, submission_id_for(sub.tenant, sub.idempotency_key, command_id)
+        command_id = str(uuid.uuid4())
+        sid = submission_id_for(sub.tenant, sub.idempotency_key, command_id)
+        # Where the decision will be: after the end of its events partition as it is now.
+        self._marks[command_id] = self._decisions_end(sid)
+        self._send(key, body, command_id)
+        return command_id, sid
 
     def cancel(self, task_id: str, reason: str = "") -> str:
         return self._send(task_id, CancelTaskRequest(task_id, reason))
@@ -95,10 +110,81 @@ class Client:
     def reprioritize(self, task_id: str, priority: int) -> str:
         return self._send(task_id, ReprioritizeTaskRequest(task_id, priority))
 
+    def _decisions_end(self, submission_id: str) -> TopicPartition:
+        """The end of the events partition a submission's decision goes to (keyed by submission id)."""
+        if self._reader is None:
+            self._reader = consumer(self.settings, f"taskstream-sdk-{uuid.uuid4()}")
+        part = partition_for(submission_id.encode(), self.settings.partitions)
+        tp = TopicPartition(self.settings.topic("events"), part)
+        try:
+            _, high = self._reader.get_watermark_offsets(tp, timeout=10, cached=False)
+        except KafkaException as exc:
+            raise SubmitError(f"cannot reach the broker at {self.settings.bootstrap}: {exc}") from exc
+        tp.offset = high
+        return tp
+
     def wait_outcome(self, submission_id: str, timeout: float = 60.0, command_id: str | None = None) -> Outcome:
-        """Wait for admission's decision as projected into PostgreSQL. With `command_id`, wait for the
-        decision on that command: an earlier rejection of the same idempotency key does not count (a
-        rejection does not use the key up), an earlier acceptance does (the same ids, nothing new)."""
+        """Wait for admission's decision. With `command_id`, the decision on that command: an earlier
+        rejection of the same idempotency key does not count (a rejection does not use the key up), an
+        earlier acceptance does (the same ids, nothing new).
+
+        For a command this client sent, the decision is read from the events topic (read_committed), where
+        it is as soon as admission commits: for a 10,000-task DAG well before the projections have it.
+        Otherwise it is looked up in PostgreSQL, which also holds decisions made long ago."""
+        start = self._marks.pop(command_id, None) if command_id else None
+        if start is None:
+            return self._wait_in_postgres(submission_id, timeout, command_id)
+        reader, topic, part = self._reader, start.topic, start.partition
+        nxt = {part: start.offset}
+        resting = Resting(reader, topic, first=0.002, ceiling=0.05)  # don't spin on the broker meanwhile
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                reader.assign([TopicPartition(topic, part, nxt[part])])
+                msg = reader.poll(0.05)
+                if msg is None:
+                    resting.settle(nxt)
+                    reader.unassign()
+                    while time.monotonic() < deadline and not resting.behind(nxt):
+                        time.sleep(resting.pause())
+                    continue
+                resting.woke()
+                if msg.error():
+                    continue
+                nxt[part] = msg.offset() + 1
+                if msg.key() != submission_id.encode():
+                    continue
+                try:
+                    rec = self._codec.decode("event", msg.value())
+                except DecodeError:
+                    continue  # not ours to judge: the projections dead-letter it
+                p = rec.payload
+                if isinstance(p, SubmissionAccepted):
+                    return Outcome(submission_id, True, dict(p.task_ids), [])
+                if isinstance(p, SubmissionRejected) and (command_id is None or p.command_id == command_id):
+                    errors = [{"task": x.task, "field": x.field, "reason": x.reason} for x in p.errors]
+                    return Outcome(submission_id, False, {}, errors)
+        finally:
+            reader.unassign()
+        raise SubmitError(
+            f"no admission decision for submission {submission_id} within {timeout:.0f}s "
+            "(is the stack up? `taskstream status`, `taskstream cluster`)"
+        )
+
+    def close(self) -> None:
+        """Deliver what is still queued and let go of the broker connections."""
+        self._producer.flush(30)
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _wait_in_postgres(self, submission_id: str, timeout: float, command_id: str | None) -> Outcome:
         deadline = time.monotonic() + timeout
         with psycopg.connect(self.settings.dsn, autocommit=True) as conn:
             while time.monotonic() < deadline:

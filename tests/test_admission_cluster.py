@@ -438,7 +438,10 @@ def test_a_cycle_through_tasks_admitted_earlier_is_rejected_and_references_run_i
     def submit(key: str, tasks: list[dict[str, Any]]) -> Any:
         sub = parse_document({"tenant": TENANT, "idempotency_key": key, "tasks": tasks})
         cid, sid = client.submit(sub)
-        return client.wait_outcome(sid, 60, command_id=cid)
+        out = client.wait_outcome(sid, 60, command_id=cid)  # read from the events topic
+        with Client(s) as other:  # never sent it, so it looks the decision up in PostgreSQL
+            assert other.wait_outcome(sid, 60, command_id=cid) == out
+        return out
 
     # k1 waits for a task of k2 that does not exist yet
     first = submit(

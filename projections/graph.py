@@ -213,9 +213,9 @@ class LadybugStore:
         fresh = [latest[i] for i in latest if i not in existing]
         statuses = []
         for st in w.statuses:  # a status for a node being created goes into its row
-            n = latest.get(st["id"])
-            if n is not None and n["id"] not in existing and n["version"] < st["version"]:
-                latest[n["id"]] = n = {**n, "status": st["status"], "version": st["version"]}
+            node = latest.get(st["id"])
+            if node is not None and node["id"] not in existing and node["version"] < st["version"]:
+                latest[node["id"]] = {**node, "status": st["status"], "version": st["version"]}
             else:
                 statuses.append(st)
         fresh = [latest[n["id"]] for n in fresh]

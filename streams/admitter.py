@@ -414,11 +414,12 @@ class Admitter:
                 self.rest.woke()
                 by_partition: dict[int, list[Message]] = {}
                 for m in msgs:
-                    if m.error():
-                        if m.error().code() != KafkaError._PARTITION_EOF:
-                            log.warning("commands consumer: %s", m.error())
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("commands consumer: %s", err)
                         continue
-                    by_partition.setdefault(m.partition(), []).append(m)
+                    by_partition.setdefault(_partition(m), []).append(m)
                 for p, batch in by_partition.items():
                     if p in self.owned:
                         self.admit_batch(self.owned[p], batch)
@@ -620,6 +621,12 @@ def _take(consumer: Any, most: int, timeout: float) -> list[Message]:
     if first is None:
         return []
     return [first, *consumer.consume(most - 1, 0)]
+
+
+def _partition(msg: Message) -> int:
+    partition = msg.partition()
+    assert partition is not None, "a consumed record always has a partition"
+    return partition
 
 
 def _offset(msg: Message) -> int:

@@ -39,7 +39,7 @@ from taskstream.connectors import kafka
 from taskstream.connectors.partitioning import partition_for
 from taskstream.connectors.resting import Resting
 from taskstream.schemas.codec import Codec, DecodeError
-from taskstream.schemas.records import EventRecord
+from taskstream.schemas.records import EventRecord, TasksAdmitted
 from taskstream.streams.admission import Decision, LinkIndex, decide_command
 from taskstream.streams.context import EVENT_HEADER
 
@@ -577,18 +577,7 @@ class Admitter:
             counts.rejected += 1
 
     def _encoded(self, key: str, rec: Any) -> list[tuple[str, bytes]]:
-        """(key, bytes) to produce for a record: a packed admission too big for one message is split in
-        halves (each keeps its partition: the key is its first task's id) until every part fits."""
-        value = self.codec.encode(rec)
-        tasks = getattr(rec.payload, "tasks", ()) if isinstance(rec, EventRecord) else ()
-        if len(value) <= PACKED_MAX_BYTES or len(tasks) < 2:
-            return [(key, value)]
-        half = len(tasks) // 2
-        parts = []
-        for n, part in enumerate((tasks[:half], tasks[half:])):
-            sub = replace(rec, event_id=f"{rec.event_id}.{n}", payload=replace(rec.payload, tasks=part))
-            parts.extend(self._encoded(part[0].task_id, sub))
-        return parts
+        return encode_split(self.codec, key, rec, PACKED_MAX_BYTES)
 
     def tenant_partition(self, tenant: str) -> int:
         return partition_for(tenant.encode(), self.s.partitions)
@@ -612,6 +601,22 @@ class Admitter:
             os.fsync(f.fileno())
         log.warning("fault injection: SIGKILL at %s", point)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def encode_split(codec: Codec, key: str, rec: Any, limit: int) -> list[tuple[str, bytes]]:
+    """(key, bytes) to produce for a record. A packed admission bigger than `limit` is split in halves
+    until every part fits; each part keeps its partition (its key is its first task's id, and all its
+    tasks belong to one partition) and gets its own event id."""
+    value = codec.encode(rec)
+    tasks = rec.payload.tasks if isinstance(rec, EventRecord) and isinstance(rec.payload, TasksAdmitted) else ()
+    if len(value) <= limit or len(tasks) < 2:
+        return [(key, value)]
+    half = len(tasks) // 2
+    parts = []
+    for n, part in enumerate((tasks[:half], tasks[half:])):
+        sub = replace(rec, event_id=f"{rec.event_id}.{n}", payload=replace(rec.payload, tasks=part))
+        parts.extend(encode_split(codec, part[0].task_id, sub, limit))
+    return parts
 
 
 def _take(consumer: Any, most: int, timeout: float) -> list[Message]:

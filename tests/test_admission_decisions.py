@@ -142,3 +142,26 @@ def test_tasks_are_admitted_packed_per_partition_with_their_dependents_and_refer
 def test_deciding_the_same_command_again_writes_the_same_records() -> None:
     cmd = command("again", [{"name": f"t{i}", "argv": ["x"], "dependencies": ["t0"] if i else []} for i in range(50)])
     assert decide(cmd, LinkIndex()).sends == decide(cmd, LinkIndex()).sends
+
+
+def test_a_packed_record_too_big_for_a_message_is_split_without_losing_or_moving_a_task() -> None:
+    from taskstream.schemas.codec import Codec
+    from taskstream.streams.admitter import encode_split
+
+    codec = Codec({"event": 1}, lambda _id: "")
+    tasks = [{"name": f"t{i}", "argv": ["x" * 200], "dependencies": [f"t{i - 1}"] if i else []} for i in range(300)]
+    d = admit(command("huge", tasks), LinkIndex())
+    for _, key, rec in d.sends:
+        whole = codec.encode(rec)
+        parts = encode_split(codec, key, rec, limit=len(whole) // 5)
+        decoded = [(k, codec.decode("event", v)) for k, v in parts]
+        if not isinstance(rec.payload, r.TasksAdmitted):
+            assert decoded == [(key, rec)], "only packed admissions are split"
+            continue
+        assert len(parts) >= 5 and all(len(v) <= len(whole) // 5 for _, v in parts)
+        got = [t for _, x in decoded for t in x.payload.tasks]
+        assert got == list(rec.payload.tasks), "every task once, in order, unchanged"
+        assert all(k == x.payload.tasks[0].task_id for k, x in decoded), "keyed by its first task"
+        assert {by_id(k) for k, _ in decoded} == {by_id(key)}, "every part stays on the record's partition"
+        assert len({x.event_id for _, x in decoded}) == len(parts)
+    assert encode_split(codec, "k", d.sends[0][2], limit=10**9) == [("k", codec.encode(d.sends[0][2]))]

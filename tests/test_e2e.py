@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from taskstream.projections.graph_service import GraphClient
+from taskstream.schemas.records import PrerequisiteEnded, WatchPrerequisite
 
 from taskstream.core.submission import submission_id_for
 from tests.conftest import Stack, wait_until
@@ -195,6 +196,36 @@ def test_an_outside_program_submits_a_dag_that_runs_in_dependency_order(stack: S
     tail = stack.cli("tail", "--from-beginning", "--count", "5", "--json", timeout=60)
     rows = [json.loads(line) for line in tail.stdout.splitlines()]
     assert len(rows) == 5 and all({"event", "event_time", "log_time", "node"} <= set(r) for r in rows)
+
+    # prerequisites knew their dependents from the packed admission: no task asked its prerequisites in
+    # the same submission to watch it, and each prerequisite told each dependent that it ended
+    signals = inputs_about(stack, set(by_id))
+    assert not [x for x in signals if isinstance(x.body, WatchPrerequisite)]
+    ended = {(by_id[x.body.prerequisite], by_id[x.task_id]) for x in signals if isinstance(x.body, PrerequisiteEnded)}
+    assert ended == {(d, n) for n, deps in DIAMOND.items() for d in deps}
+
+
+def inputs_about(stack: Stack, task_ids: set[str]) -> list[Any]:
+    """Every committed record on the task-inputs topic addressed to one of `task_ids`, decoded."""
+    from confluent_kafka import TopicPartition
+    from taskstream.connectors.kafka import consumer, make_codec
+
+    s = stack.settings
+    codec = make_codec(s)
+    topic = s.topic("task-inputs")
+    c = consumer(s, f"inputs-{uuid.uuid4()}")
+    out = []
+    try:
+        for p in range(s.partitions):
+            _, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            c.assign([TopicPartition(topic, p, 0)])
+            while c.position([TopicPartition(topic, p)])[0].offset < high:
+                m = c.poll(1.0)
+                if m is not None and not m.error() and m.key() is not None and m.key().decode() in task_ids:
+                    out.append(codec.decode("input", m.value()))
+    finally:
+        c.close()
+    return out
 
 
 def test_a_failed_task_dead_letters_and_its_dependents_end_cancelled(stack: Stack) -> None:

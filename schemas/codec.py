@@ -172,24 +172,41 @@ _TASKS_ADMITTED = r.NS + "TasksAdmitted"
 _SUBMIT_DAG = r.NS + "SubmitDag"
 
 
+_RESOURCES_AVRO: dict[Resources, dict[str, Any]] = {}
+_BACKOFF_AVRO: dict[Backoff, dict[str, Any]] = {}
+
+
 def _spec_avro(s: TaskSpec) -> dict[str, Any]:
-    """_plain(spec), written out: the SDK and admission encode one per task (10,000s per submission)."""
-    r_, b_ = s.resources, s.backoff
+    """_plain(spec), written out: the SDK and admission encode one per task (10,000s per submission).
+    Sequences go as they are (fastavro writes tuples as arrays) and the nested records of equal
+    Resources and Backoff values are built once; the dicts are only read by the writer."""
+    res = _RESOURCES_AVRO.get(s.resources)
+    if res is None:
+        r_ = s.resources
+        res = {"cpu": r_.cpu, "memory_mb": r_.memory_mb, "gpu": r_.gpu}
+        if len(_RESOURCES_AVRO) < _SHARED_MAX:
+            _RESOURCES_AVRO[r_] = res
+    bo = _BACKOFF_AVRO.get(s.backoff)
+    if bo is None:
+        b_ = s.backoff
+        bo = {"initial_ms": b_.initial_ms, "factor": b_.factor, "max_ms": b_.max_ms, "jitter": b_.jitter}
+        if len(_BACKOFF_AVRO) < _SHARED_MAX:
+            _BACKOFF_AVRO[b_] = bo
     return {
         "name": s.name,
         "tenant": s.tenant,
-        "argv": list(s.argv),
-        "env": dict(s.env),
+        "argv": s.argv,
+        "env": s.env if type(s.env) is dict else dict(s.env),
         "working_dir": s.working_dir,
-        "resources": {"cpu": r_.cpu, "memory_mb": r_.memory_mb, "gpu": r_.gpu},
+        "resources": res,
         "execution_cap_ms": s.execution_cap_ms,
         "retry_limit": s.retry_limit,
-        "backoff": {"initial_ms": b_.initial_ms, "factor": b_.factor, "max_ms": b_.max_ms, "jitter": b_.jitter},
+        "backoff": bo,
         "delay_tolerance_ms": s.delay_tolerance_ms,
         "priority": s.priority,
-        "dependencies": list(s.dependencies),
+        "dependencies": s.dependencies,
         "not_before_ms": s.not_before_ms,
-        "labels": dict(s.labels),
+        "labels": s.labels if type(s.labels) is dict else dict(s.labels),
     }
 
 
@@ -202,8 +219,8 @@ def _union(obj: Any) -> tuple[str, dict[str, Any]]:
             {
                 "task_id": a.task_id,
                 "spec": _spec_avro(a.spec),
-                "dependents": list(a.dependents),
-                "references": list(a.references),
+                "dependents": a.dependents,
+                "references": a.references,
             }
             for a in obj.tasks
         ]

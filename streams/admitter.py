@@ -53,6 +53,7 @@ TXN_TIMEOUT_S = 30.0
 IDLE_MAX_S = 0.05  # the longest an idle worker waits before looking for new commands again
 READ_EVERY_S = 0.25  # how often a member reads the others' heartbeats
 PACKED_MAX_BYTES = kafka.MAX_MESSAGE_BYTES // 4  # a TasksAdmitted bigger than this is split
+BIG_BATCH_BYTES = 256 * 1024  # commands worth unassigning the consumer for while they are decided
 
 
 def rendezvous_owner(members: list[str], partition: int) -> str:
@@ -420,6 +421,11 @@ class Admitter:
                             log.warning("commands consumer: %s", err)
                         continue
                     by_partition.setdefault(_partition(m), []).append(m)
+                if sum(len(m.value() or b"") for m in msgs) > BIG_BATCH_BYTES:
+                    # Long work ahead: stop fetching meanwhile. An assigned consumer refetches from
+                    # noida-db without pause, and that took CPU from this very batch (measured).
+                    self.consumer.unassign()
+                    self.resting = True
                 for p, batch in by_partition.items():
                     if p in self.owned:
                         self.admit_batch(self.owned[p], batch)

@@ -19,6 +19,15 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
+BIG_BATCH_BYTES = 256 * 1024  # records worth unassigning the consumer for while they are worked on
+
+
+def worth_unassigning(msgs: list[Any]) -> bool:
+    """Is this batch big enough to stop fetching while it is decoded and handled? An assigned consumer
+    keeps refetching from noida-db meanwhile: ~0.27 s of CPU beside a 10,000-task admission's 0.4 s
+    (measured). The caller assigns again at its tracked offsets afterwards."""
+    return sum(len(m.value() or b"") for m in msgs) > BIG_BATCH_BYTES
+
 
 class Resting:
     def __init__(self, consumer: Any, topic: str, first: float = 0.005, ceiling: float = 0.1) -> None:

@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from taskstream.connectors.resting import Resting
+from taskstream.connectors.resting import Resting, worth_unassigning
 from taskstream.schemas.codec import Codec, DecodeError
 from taskstream.schemas.records import EventRecord
 
 log = logging.getLogger(__name__)
-BIG_BATCH_BYTES = 256 * 1024  # records worth unassigning the consumer for while they are applied
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +114,7 @@ class ProjectionRunner:
         if first is None:
             return 0
         msgs = [first, *self.consumer.consume(self.batch_size - 1, 0)]
-        # A big batch takes a while to decode and apply: stop fetching meanwhile (an assigned consumer
-        # refetches from noida-db without pause, taking CPU from this work) and resume at `self.next`.
-        big = sum(len(m.value() or b"") for m in msgs) > BIG_BATCH_BYTES
+        big = worth_unassigning(msgs)  # then stop fetching while it is applied; resume at `self.next`
         if big:
             self.consumer.unassign()
         batch = Batch(self.topic)

@@ -64,31 +64,22 @@ class Decision:
     forward_to: int | None = None  # decide on this partition instead (a linked submission's tenant's)
 
 
-def decide_command(
-    node: str,
-    cmd: r.CommandRecord,
-    at_ms: int,
-    *,
-    partition: int,
-    tenant_partition: Callable[[str], int],
-    task_partition: Callable[[str], int],
-    index: LinkIndex,
-) -> Decision:
-    """The records that carry out one decoded command. `tenant_partition(tenant)` names the commands
-    partition where the tenant's linked submissions are decided; `task_partition(task id)` the events
-    partition a task's events go to."""
+@dataclass(frozen=True)
+class Placement:
+    """Where things go, as the deciding worker sees it: the commands partition the command was read
+    from, the commands partition where a tenant's linked submissions are decided, and the events
+    partition of a task id."""
+
+    partition: int
+    tenant_partition: Callable[[str], int]
+    task_partition: Callable[[str], int]
+
+
+def decide_command(node: str, cmd: r.CommandRecord, at_ms: int, *, where: Placement, index: LinkIndex) -> Decision:
+    """The records that carry out one decoded command."""
     body = cmd.body
     if isinstance(body, r.SubmitDag):
-        return decide_submission(
-            node,
-            cmd,
-            body,
-            at_ms,
-            partition=partition,
-            tenant_partition=tenant_partition,
-            task_partition=task_partition,
-            index=index,
-        )
+        return decide_submission(node, cmd, body, at_ms, where=where, index=index)
     if isinstance(body, r.CancelTaskRequest):
         why = body.reason or f"cancelled by {cmd.issuer or 'a user'}"
         return Decision([_input(node, body.task_id, at_ms, r.CancelRequest(why), f"{cmd.command_id}:cancel")])
@@ -99,15 +90,7 @@ def decide_command(
 
 
 def decide_submission(
-    node: str,
-    cmd: r.CommandRecord,
-    body: r.SubmitDag,
-    at_ms: int,
-    *,
-    partition: int,
-    tenant_partition: Callable[[str], int],
-    task_partition: Callable[[str], int],
-    index: LinkIndex,
+    node: str, cmd: r.CommandRecord, body: r.SubmitDag, at_ms: int, *, where: Placement, index: LinkIndex
 ) -> Decision:
     sid = submission_id_for(body.tenant, body.idempotency_key, cmd.command_id)
     sub = Submission(tenant=body.tenant, tasks=body.tasks, idempotency_key=body.idempotency_key, labels=body.labels)
@@ -116,8 +99,8 @@ def decide_submission(
         return _rejected(node, cmd, body, sid, at_ms, [r.FieldProblem(x.task, x.field, x.reason) for x in errors])
     linked = external_dependencies(sub)
     if linked:
-        home = tenant_partition(body.tenant)
-        if home != partition:
+        home = where.tenant_partition(body.tenant)
+        if home != where.partition:
             return Decision([], forward_to=home)
     ids, specs = assign_ids(sub, sid)
     entry = None
@@ -146,7 +129,7 @@ def decide_submission(
             "labels": {ids[s.name]: f"{key}/{s.name}" for s in specs if ids[s.name] in kept},
         }
     sends: list[Send] = []
-    for part, tasks in _by_partition(specs, ids, task_partition):
+    for part, tasks in _by_partition(specs, ids, where.task_partition):
         for i in range(0, len(tasks), CHUNK_TASKS):
             chunk = tuple(tasks[i : i + CHUNK_TASKS])
             packed = r.TasksAdmitted(node=node, tasks=chunk)

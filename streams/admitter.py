@@ -37,10 +37,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 from taskstream.connectors import kafka
 from taskstream.connectors.partitioning import partition_for
-from taskstream.connectors.resting import Resting
+from taskstream.connectors.resting import Resting, worth_unassigning
 from taskstream.schemas.codec import Codec, DecodeError
 from taskstream.schemas.records import EventRecord, TasksAdmitted
-from taskstream.streams.admission import Decision, LinkIndex, decide_command
+from taskstream.streams.admission import Decision, LinkIndex, Placement, decide_command
 from taskstream.streams.context import EVENT_HEADER
 
 from taskstream.settings import Settings
@@ -53,7 +53,6 @@ TXN_TIMEOUT_S = 30.0
 IDLE_MAX_S = 0.05  # the longest an idle worker waits before looking for new commands again
 READ_EVERY_S = 0.25  # how often a member reads the others' heartbeats
 PACKED_MAX_BYTES = kafka.MAX_MESSAGE_BYTES // 4  # a TasksAdmitted bigger than this is split
-BIG_BATCH_BYTES = 256 * 1024  # commands worth unassigning the consumer for while they are decided
 
 
 def rendezvous_owner(members: list[str], partition: int) -> str:
@@ -421,9 +420,7 @@ class Admitter:
                             log.warning("commands consumer: %s", err)
                         continue
                     by_partition.setdefault(_partition(m), []).append(m)
-                if sum(len(m.value() or b"") for m in msgs) > BIG_BATCH_BYTES:
-                    # Long work ahead: stop fetching meanwhile. An assigned consumer refetches from
-                    # noida-db without pause, and that took CPU from this very batch (measured).
+                if worth_unassigning(msgs):  # long work ahead: stop fetching meanwhile
                     self.consumer.unassign()
                     self.resting = True
                 for p, batch in by_partition.items():
@@ -532,15 +529,8 @@ class Admitter:
             return
         at_ms = msg.timestamp()[1]  # log time: the same on every reprocessing
         try:
-            decision = decide_command(
-                self.member,
-                cmd,
-                at_ms,
-                partition=p,
-                tenant_partition=self.tenant_partition,
-                task_partition=self.task_partition,
-                index=owned.index,
-            )
+            where = Placement(p, self.tenant_partition, self.task_partition)
+            decision = decide_command(self.member, cmd, at_ms, where=where, index=owned.index)
         except Exception as exc:  # a bug on this record must not stall the partition: dead-letter it
             log.exception("admission failed on %s[%d]@%d", msg.topic(), p, msg.offset())
             prod.produce(

@@ -74,18 +74,19 @@ class Lifecycle:
         at = rec.event_ms
         out: list[tuple[Any, str, Any]] = []
         saves: list[tuple[TaskRecord, Any]] = []
-        for item, (submitted, admitted) in zip(packed.tasks, _pairs(r.task_events(rec)), strict=True):
+        admitted = e.TaskAdmitted(node=packed.node)
+        for item in packed.tasks:
             record = self.load(item.task_id)
-            if record.state.version >= admitted.version:
+            if record.state.version >= 2:
                 continue  # already applied (redelivery or a resubmission with the same ids)
-            for ev in (submitted, admitted):
-                if ev.version == record.state.version + 1:
-                    record.state = evolve(record.state, ev.payload, at)
+            if record.state.version == 0:  # version 1
+                record.state = evolve(record.state, e.TaskSubmitted(rec.submission_id, item.spec), at)
+            record.state = evolve(record.state, admitted, at)  # version 2
             for dep in item.dependents:
                 if dep not in record.dependents:
                     record.dependents.append(dep)
             sends: list[tuple[Any, str, Any]] = []
-            more, more_sends = self._react(record, [admitted.payload], at, watch=item.references)
+            more, more_sends = self._react(record, [admitted], at, watch=item.references)
             sends.extend(more_sends)
             events, timer = self._decide(record, more, at, 0.0, sends)
             out.extend(events)
@@ -258,8 +259,3 @@ class Lifecycle:
 
 
 _ENDINGS = (e.TaskSucceeded, e.TaskDeadLettered, e.TaskCancelled, e.TaskRejected)
-
-
-def _pairs(events: list[r.EventRecord]) -> list[tuple[r.EventRecord, r.EventRecord]]:
-    """[submitted1, admitted1, submitted2, ...] -> [(submitted1, admitted1), ...]"""
-    return list(zip(events[::2], events[1::2], strict=True))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from taskstream.schemas import records as r
-from taskstream.streams.admission import CHUNK_TASKS, LinkIndex, decide_command
+from taskstream.streams.admission import CHUNK_TASKS, LinkIndex, Placement, decide_command
 
 from taskstream.core import events as e
 from taskstream.core.submission import parse_document, reference_id
@@ -15,9 +15,7 @@ def command(key: str, tasks: list[dict[str, object]], tenant: str = "acme") -> r
 
 
 def decide(cmd: r.CommandRecord, index: LinkIndex, partition: int = 0, home: int = 0):  # type: ignore[no-untyped-def]
-    return decide_command(
-        "node", cmd, 1000, partition=partition, tenant_partition=lambda _t: home, task_partition=by_id, index=index
-    )
+    return decide_command("node", cmd, 1000, where=Placement(partition, lambda _t: home, by_id), index=index)
 
 
 def by_id(task_id: str) -> int:

@@ -4,6 +4,10 @@ A SubmitDag is checked whole; if any rule fails nothing is admitted and a Submis
 problem. Otherwise every task gets a system id derived from the submission, so a redelivered or
 replayed command reproduces the same ids and events (downstream skips what it has seen).
 
+A large accepted submission is written in two steps (streams/admitter.py): the decision first, the tasks
+(`Admitted.records`) right after; `carry_out` rebuilds the tasks from the command alone, so whoever owns
+the partition after a crash in between writes them without deciding again.
+
 Submissions whose tasks depend on tasks of other submissions ("linked") are decided only on their
 tenant's partition of the commands topic, against `LinkIndex`: the linked part of every submission that
 partition admitted before. One owner per partition decides them one at a time, so two linked submissions
@@ -25,14 +29,15 @@ from taskstream.schemas import records as r
 from taskstream.core.model import TaskSpec
 from taskstream.core.submission import (
     Submission,
-    assign_ids,
     check_submission,
     external_dependencies,
     find_cycle,
     linked_edges,
     reference_id,
+    resolve_dependencies,
     split_reference,
     submission_id_for,
+    task_ids,
 )
 
 Send = tuple[str, str, Any]  # (topic key: "events" | "task-inputs", record key, record)
@@ -57,11 +62,43 @@ class LinkIndex:
 
 
 @dataclass
+class Admitted:
+    """The tasks an accepted submission admits, with the ids the decision gave them. Their records are
+    made by `records`, after the decision or with it: the decision does not wait for them."""
+
+    node: str
+    submission_id: str
+    at_ms: int
+    submission: Submission
+    ids: dict[str, str]  # task name -> id, as in SubmissionAccepted
+    specs: tuple[TaskSpec, ...] | None = None  # dependencies as ids; made when first needed
+
+    def resolved(self) -> tuple[TaskSpec, ...]:
+        if self.specs is None:
+            self.specs = resolve_dependencies(self.submission, self.ids)
+        return self.specs
+
+    def records(self, task_partition: Callable[[str], int]) -> list[Send]:
+        """Packed TasksAdmitted records: one per events partition and CHUNK_TASKS tasks."""
+        sends: list[Send] = []
+        sid, node = self.submission_id, self.node
+        for part, tasks in _by_partition(self.resolved(), self.ids, task_partition):
+            for i in range(0, len(tasks), CHUNK_TASKS):
+                chunk = tuple(tasks[i : i + CHUNK_TASKS])
+                packed = r.TasksAdmitted(node=node, tasks=chunk)
+                eid = f"{sid}:admitted:{part}:{i // CHUNK_TASKS}"
+                # keyed by its first task's id, so the key's partition is the one its tasks belong to
+                sends.append(("events", chunk[0].task_id, _event(node, None, sid, 0, self.at_ms, packed, event_id=eid)))
+        return sends
+
+
+@dataclass
 class Decision:
-    sends: list[Send]
+    sends: list[Send]  # the decision's own records (SubmissionAccepted, a rejection, a cancel request...)
     accepted: bool = False
     link_entry: dict[str, Any] | None = None  # to record in the index (and its topic) once committed
     forward_to: int | None = None  # decide on this partition instead (a linked submission's tenant's)
+    admitted: Admitted | None = None  # an accepted submission's tasks, to write with or after `sends`
 
 
 @dataclass(frozen=True)
@@ -102,9 +139,11 @@ def decide_submission(
         home = where.tenant_partition(body.tenant)
         if home != where.partition:
             return Decision([], forward_to=home)
-    ids, specs = assign_ids(sub, sid)
+    ids = task_ids(sub, sid)
+    admitted = Admitted(node, sid, at_ms, sub, ids)
     entry = None
     if linked:
+        specs = admitted.resolved()
         new = {ids[s.name]: s.dependencies for s in specs}
         refs = {
             reference_id(body.tenant, *ref): d
@@ -128,19 +167,22 @@ def decide_submission(
             "edges": kept,
             "labels": {ids[s.name]: f"{key}/{s.name}" for s in specs if ids[s.name] in kept},
         }
-    sends: list[Send] = []
-    for part, tasks in _by_partition(specs, ids, where.task_partition):
-        for i in range(0, len(tasks), CHUNK_TASKS):
-            chunk = tuple(tasks[i : i + CHUNK_TASKS])
-            packed = r.TasksAdmitted(node=node, tasks=chunk)
-            eid = f"{sid}:admitted:{part}:{i // CHUNK_TASKS}"
-            # keyed by its first task's id, so the key's partition is the one its tasks belong to
-            sends.append(("events", chunk[0].task_id, _event(node, None, sid, 0, at_ms, packed, event_id=eid)))
     accepted = r.SubmissionAccepted(
         tenant=body.tenant, idempotency_key=body.idempotency_key, command_id=cmd.command_id, task_ids=ids
     )
-    sends.append(("events", sid, _event(node, None, sid, 0, at_ms, accepted, event_id=f"{sid}:accepted")))
-    return Decision(sends, accepted=True, link_entry=entry)
+    sends: list[Send] = [("events", sid, _event(node, None, sid, 0, at_ms, accepted, event_id=f"{sid}:accepted"))]
+    return Decision(sends, accepted=True, link_entry=entry, admitted=admitted)
+
+
+def carry_out(node: str, cmd: r.CommandRecord, at_ms: int) -> Admitted:
+    """The tasks of a submission already accepted, from its command alone: no rule is checked again (a
+    newer version of a rule must not undo a decision already published)."""
+    body = cmd.body
+    if not isinstance(body, r.SubmitDag):
+        raise TypeError(f"only a SubmitDag admits tasks, not a {type(body).__name__}")
+    sid = submission_id_for(body.tenant, body.idempotency_key, cmd.command_id)
+    sub = Submission(tenant=body.tenant, tasks=body.tasks, idempotency_key=body.idempotency_key, labels=body.labels)
+    return Admitted(node, sid, at_ms, sub, task_ids(sub, sid))
 
 
 def _by_partition(

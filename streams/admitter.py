@@ -6,7 +6,8 @@ forwarded commands, dead letters, the link index), adds the commands' offsets to
 and commits. A worker that dies anywhere in between leaves nothing visible to read_committed readers;
 whoever owns the partition next starts from the last committed offset and decides the same commands
 again, producing the same ids (streams/admission.py), so even a reader that saw uncommitted records
-converges (every reader deduplicates by event id / version).
+converges (every reader deduplicates by event id / version). A batch that accepts many tasks commits its
+decisions first and the tasks in a second transaction, with the offsets (`admit_batch`).
 
 Who owns what (the seed's cluster manager): every worker writes a heartbeat to the `admission-members`
 topic and reads everyone else's. A member silent for `admission_member_timeout_ms` is dead. Each
@@ -40,19 +41,20 @@ from taskstream.connectors.partitioning import partition_for
 from taskstream.connectors.resting import Resting, worth_unassigning
 from taskstream.schemas.codec import Codec, DecodeError
 from taskstream.schemas.records import EventRecord, TasksAdmitted
-from taskstream.streams.admission import Decision, LinkIndex, Placement, decide_command
+from taskstream.streams.admission import Admitted, Decision, LinkIndex, Placement, Send, carry_out, decide_command
 from taskstream.streams.context import EVENT_HEADER
 
 from taskstream.settings import Settings
 
 log = logging.getLogger("taskstream.admission")
 Headers = list[tuple[str, str | bytes | None]]
-FAULT_POINTS = ("before-write", "mid-write", "before-commit", "after-commit")
+FAULT_POINTS = ("before-write", "mid-write", "after-decision", "before-commit", "after-commit")
 BATCH = 200  # commands per transaction at most
 TXN_TIMEOUT_S = 30.0
 IDLE_MAX_S = 0.05  # the longest an idle worker waits before looking for new commands again
 READ_EVERY_S = 0.25  # how often a member reads the others' heartbeats
 PACKED_MAX_BYTES = kafka.MAX_MESSAGE_BYTES // 4  # a TasksAdmitted bigger than this is split
+DECIDED_KEY = b"decided"  # the links topic's record of a batch decided and not yet carried out
 
 
 def rendezvous_owner(members: list[str], partition: int) -> str:
@@ -185,11 +187,34 @@ class Membership:
 # The worker
 
 
+@dataclass(frozen=True)
+class Decided:
+    """A batch whose decisions were committed in a transaction of their own, before its tasks: commands up
+    to offset `through` are decided, and those at `carry_out` are accepted submissions whose tasks may
+    not be written yet. Kept in the links topic (key DECIDED_KEY) until the next such batch replaces it;
+    it matters only while `through` is at or past the partition's committed offset."""
+
+    through: int
+    carry_out: tuple[int, ...]
+
+    def to_json(self) -> bytes:
+        return json.dumps({"decided": {"through": self.through, "carry_out": list(self.carry_out)}}).encode()
+
+    @staticmethod
+    def from_entry(entry: dict[str, Any]) -> Decided:
+        d = entry["decided"]
+        return Decided(int(d["through"]), tuple(int(o) for o in d["carry_out"]))
+
+    def covers(self, offset: int) -> bool:
+        return offset <= self.through
+
+
 @dataclass
 class Owned:
     partition: int
     producer: Producer
     index: LinkIndex
+    decided: Decided | None = None  # decisions committed ahead of their tasks (see admit_batch)
 
 
 @dataclass
@@ -306,14 +331,17 @@ class Admitter:
     def acquire(self, p: int, live: list[str]) -> None:
         self._fence_previous(p)
         _, prod = self._fresh_producer(p)
-        index = self._load_index(p)
+        index, decided = self._load_links(p)
         committed = self.consumer.committed([TopicPartition(self.commands, p)], timeout=10)[0].offset
         low, high = self.consumer.get_watermark_offsets(TopicPartition(self.commands, p), timeout=10)
         start = committed if committed >= 0 else low  # an explicit offset: see _reassign
         self.next_offsets[p] = start
         orphaned = max(0, high - max(committed, 0))
         previous = self._previous_owner(p)
-        self.owned[p] = Owned(p, prod, index)
+        pending = _pending(decided, start)
+        self.owned[p] = Owned(p, prod, index, pending)
+        if pending is not None:
+            log.warning("commands partition %d: decided up to offset %d, tasks still to write", p, pending.through)
         self._reassign()
         self.members.beat()  # say so at once: whoever takes over after a crash knows whom from
         if previous and previous not in live:
@@ -360,32 +388,41 @@ class Admitter:
         self.members.beat()
         log.info("released commands partition %d: %s", p, why)
 
-    def _load_index(self, p: int) -> LinkIndex:
-        """Read this partition's link index from its topic (read_committed: only committed admissions)."""
+    def _load_links(self, p: int) -> tuple[LinkIndex, Decided | None]:
+        """Read this partition's link index from its topic (read_committed: only committed admissions),
+        and the newest batch decided ahead of its tasks."""
         index = LinkIndex()
+        decided: Decided | None = None
         tp = TopicPartition(self.links_topic, p)
         reader = kafka.consumer(self.s, f"{self.group}-index-{os.getpid()}", **{"enable.partition.eof": True})
+
+        def take(msgs: list[Message]) -> None:
+            nonlocal decided
+            for m in msgs:
+                value = m.value()
+                if m.error() or not value:
+                    continue
+                if m.key() == DECIDED_KEY:
+                    decided = Decided.from_entry(json.loads(value))
+                else:
+                    index.add(json.loads(value))
+
         try:
             low, high = reader.get_watermark_offsets(tp, timeout=10)
             if high <= low:
-                return index
+                return index, None
             reader.assign([TopicPartition(self.links_topic, p, low)])
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 msgs = reader.consume(500, timeout=0.5)
+                take(msgs)
                 if any(m.error() and m.error().code() == KafkaError._PARTITION_EOF for m in msgs):
-                    for m in msgs:
-                        if not m.error() and m.value():
-                            index.add(json.loads(m.value()))
                     break
-                for m in msgs:
-                    if not m.error() and m.value():
-                        index.add(json.loads(m.value()))
             else:
                 raise RuntimeError(f"could not read the link index of commands partition {p} within 120 s")
         finally:
             reader.close()
-        return index
+        return index, decided
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -437,21 +474,46 @@ class Admitter:
 
     # -- one transaction ------------------------------------------------------------------------
     def admit_batch(self, owned: Owned, batch: list[Message]) -> None:
+        """Decide a batch of commands and write what the decisions call for, in one transaction; or, when
+        the batch admits many tasks, in two: the decisions (with a `Decided` record in the links topic)
+        first, so clients learn the outcome without waiting for thousands of task records, then the
+        tasks with the commands' offsets. A crash between the two leaves the offsets uncommitted; the
+        next owner finds the `Decided` record, skips deciding those commands again and writes the tasks
+        of the accepted ones (`carry_out`): every decision is published once, every task admitted once."""
         p = owned.partition
         prod = owned.producer
         self.in_flight = InFlight(p, _offset(batch[0]), _offset(batch[-1]), len(batch), int(time.time() * 1000))
         self._fault("before-write")
         counts = Stats()
         t0 = time.monotonic()
+        t_decided = None
         # A large submission allocates ~10^5 objects that all live until the batch ends: the cyclic
         # collector would traverse them again and again for nothing (~12% of the batch, measured).
         gc.disable()
         try:
             prod.begin_transaction()
+            admitted: list[tuple[int, Admitted]] = []  # (command offset, the tasks it admits)
+            fresh = 0  # tasks of submissions accepted just now
             for i, msg in enumerate(batch):
-                self._admit_one(owned, msg, counts)
+                earlier = owned.decided is not None and owned.decided.covers(_offset(msg))
+                adm = self._carry_out(owned, msg) if earlier else self._admit_one(owned, msg, counts)
+                if adm is not None:
+                    admitted.append((_offset(msg), adm))
+                    fresh += 0 if earlier else len(adm.ids)
                 if i == 0:
                     self._fault("mid-write", flush=prod)
+            if fresh and fresh >= self.s.admission_split_tasks:
+                decided = _decided_after(owned.decided, _offset(batch[-1]), [o for o, _ in admitted])
+                prod.produce(self.links_topic, key=DECIDED_KEY, value=decided.to_json(), partition=p)
+                self._commit(prod)
+                owned.decided = decided
+                self._tally(counts)
+                counts = Stats()
+                t_decided = time.monotonic()
+                self._fault("after-decision")
+                prod.begin_transaction()
+            for _, adm in admitted:
+                self._produce(prod, adm.records(self.task_partition))
             t1 = time.monotonic()
             prod.flush(TXN_TIMEOUT_S)
             self._fault("before-commit")
@@ -461,14 +523,16 @@ class Admitter:
             self._commit(prod)
             t3 = time.monotonic()
             if t3 - t0 > 0.0:
+                split = "" if t_decided is None else f", decisions committed after {t_decided - t0:.2f}s"
                 log.info(
-                    "partition %d: %d command(s) in %.2fs (deciding and producing %.2fs, flush %.2fs, commit %.2fs)",
+                    "partition %d: %d command(s) in %.2fs (deciding and producing %.2fs, flush %.2fs, commit %.2fs%s)",
                     p,
                     len(batch),
                     t3 - t0,
                     t1 - t0,
                     t2 - t1,
                     t3 - t2,
+                    split,
                 )
         except KafkaException as exc:
             self._failed(owned, batch, exc)
@@ -476,8 +540,13 @@ class Admitter:
         finally:
             gc.enable()
             self.in_flight = None
+        if owned.decided is not None and not owned.decided.covers(_offset(batch[-1]) + 1):
+            owned.decided = None  # everything it covered is committed now
         self.next_offsets[p] = _offset(batch[-1]) + 1
         self._fault("after-commit")
+        self._tally(counts)
+
+    def _tally(self, counts: Stats) -> None:
         for k in ("decided", "accepted", "rejected", "forwarded", "dead_lettered"):
             setattr(self.stats, k, getattr(self.stats, k) + getattr(counts, k))
 
@@ -508,11 +577,14 @@ class Admitter:
             self.release(p, "abort failed")
             return
         owned.producer = self._fresh_producer(p)[1]  # never write again under an id that aborted
-        owned.index = self._load_index(p)  # forget links added by the aborted transaction
+        owned.index, decided = self._load_links(p)  # forget links added by the aborted transaction ...
+        owned.decided = _pending(decided, _offset(batch[0]))  # ... but not decisions committed before it
         self.next_offsets[p] = _offset(batch[0])
         self._reassign()
 
-    def _admit_one(self, owned: Owned, msg: Message, counts: Stats) -> None:
+    def _admit_one(self, owned: Owned, msg: Message, counts: Stats) -> Admitted | None:
+        """Decide one command and write the decision's records; the tasks it admits are the caller's to
+        write (`Admitted.records`)."""
         prod = owned.producer
         p = owned.partition
         try:
@@ -526,7 +598,7 @@ class Admitter:
                 headers=_dead_letter_headers(msg, err.reason),
             )
             counts.dead_lettered += 1
-            return
+            return None
         at_ms = msg.timestamp()[1]  # log time: the same on every reprocessing
         try:
             where = Placement(p, self.tenant_partition, self.task_partition)
@@ -540,7 +612,7 @@ class Admitter:
                 headers=_dead_letter_headers(msg, f"admission failed on this record: {type(exc).__name__}: {exc}"),
             )
             counts.dead_lettered += 1
-            return
+            return None
         self._write(prod, msg, decision, counts)
         if decision.link_entry is not None:
             entry = decision.link_entry
@@ -551,6 +623,17 @@ class Admitter:
                 partition=p,
             )
             owned.index.add(entry)  # visible to the rest of this batch; reloaded if the batch aborts
+        return decision.admitted
+
+    def _carry_out(self, owned: Owned, msg: Message) -> Admitted | None:
+        """A command decided by an earlier transaction: nothing to decide; the tasks of an accepted one."""
+        assert owned.decided is not None
+        if _offset(msg) not in owned.decided.carry_out:
+            return None
+        # it decoded when it was decided: the same bytes and schema decode now
+        cmd = self.codec.decode("command", msg.value())
+        log.info("commands partition %d: writing the tasks of %s, decided before", owned.partition, cmd.command_id)
+        return carry_out(self.member, cmd, msg.timestamp()[1])
 
     def _write(self, prod: Producer, msg: Message, decision: Decision, counts: Stats) -> None:
         if decision.forward_to is not None:
@@ -560,17 +643,20 @@ class Admitter:
             )
             counts.forwarded += 1
             return
-        for topic_key, key, rec in decision.sends:
-            kind: Headers | None = [(EVENT_HEADER, rec.kind.encode())] if topic_key == "events" else None
-            for k, value in self._encoded(key, rec):
-                prod.produce(self.topic_names[topic_key], key=k.encode(), value=value, headers=kind)
-            if len(prod) > 50_000:
-                prod.poll(0)
+        self._produce(prod, decision.sends)
         counts.decided += 1
         if decision.accepted:
             counts.accepted += 1
         elif decision.sends and decision.sends[0][0] == "events":
             counts.rejected += 1
+
+    def _produce(self, prod: Producer, sends: list[Send]) -> None:
+        for topic_key, key, rec in sends:
+            kind: Headers | None = [(EVENT_HEADER, rec.kind.encode())] if topic_key == "events" else None
+            for k, value in self._encoded(key, rec):
+                prod.produce(self.topic_names[topic_key], key=k.encode(), value=value, headers=kind)
+            if len(prod) > 50_000:
+                prod.poll(0)
 
     def _encoded(self, key: str, rec: Any) -> list[tuple[str, bytes]]:
         return encode_split(self.codec, key, rec, PACKED_MAX_BYTES)
@@ -613,6 +699,18 @@ def encode_split(codec: Codec, key: str, rec: Any, limit: int) -> list[tuple[str
         sub = replace(rec, event_id=f"{rec.event_id}.{n}", payload=replace(rec.payload, tasks=part))
         parts.extend(encode_split(codec, part[0].task_id, sub, limit))
     return parts
+
+
+def _pending(decided: Decided | None, start: int) -> Decided | None:
+    """The decided batch that still matters to a reader starting at command offset `start`."""
+    return decided if decided is not None and decided.covers(start) else None
+
+
+def _decided_after(previous: Decided | None, last: int, carry_out: list[int]) -> Decided:
+    """The Decided record for a batch ending at `last`, keeping what an earlier one covers past it."""
+    if previous is None or previous.through <= last:
+        return Decided(last, tuple(carry_out))
+    return Decided(previous.through, (*carry_out, *(o for o in previous.carry_out if o > last)))
 
 
 def _take(consumer: Any, most: int, timeout: float) -> list[Message]:

@@ -48,8 +48,12 @@ class Settings:
     admission_heartbeat_ms: int = 500
     # A member silent this long is taken as dead and its commands partitions are taken over.
     admission_member_timeout_ms: int = 5000
+    # A batch of commands that accepts at least this many tasks commits its decisions first and its
+    # tasks in a second transaction (docs/admission.md); 0: every batch that accepts a task does.
+    admission_split_tasks: int = 1000
     # Fault injection for the crash tests: SIGKILL this admission worker at this point of its first
-    # admission batch (before-write, mid-write, before-commit, after-commit), once per marker file.
+    # admission batch (before-write, mid-write, after-decision, before-commit, after-commit), once per
+    # marker file.
     admission_fault: str = ""
     admission_fault_file: str = ""
     # How long a dependency on a task of another submission waits for that task to be admitted.

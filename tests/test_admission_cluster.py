@@ -208,17 +208,29 @@ def decisions(stack: Stack, committed: bool = True) -> tuple[Counter[str], Count
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("point", ["before-write", "mid-write", "before-commit", "after-commit"])
+@pytest.mark.parametrize(
+    ("point", "split"),
+    [
+        ("before-write", False),
+        ("mid-write", False),
+        ("before-commit", False),
+        ("after-commit", False),
+        # decisions committed in a transaction of their own, the tasks in a second one (admit_batch)
+        ("after-decision", True),
+        ("before-commit", True),
+    ],
+)
 def test_sigkill_inside_admission_then_the_survivor_takes_over(
-    bare: Stack, workers: Workers, tmp_path: Path, point: str
+    bare: Stack, workers: Workers, tmp_path: Path, point: str, split: bool
 ) -> None:
     s = bare.settings
     a, b, a_parts = split_pair(s)
     run = uuid.uuid4().hex[:8]
     home = partition_for(TENANT.encode(), s.partitions)
     marker = tmp_path / "killed"
-    doomed = workers.start(a, TASKSTREAM_ADMISSION_FAULT=point, TASKSTREAM_ADMISSION_FAULT_FILE=str(marker))
-    workers.start(b)
+    mode = {"TASKSTREAM_ADMISSION_SPLIT_TASKS": "0" if split else "1000000"}
+    doomed = workers.start(a, TASKSTREAM_ADMISSION_FAULT=point, TASKSTREAM_ADMISSION_FAULT_FILE=str(marker), **mode)
+    workers.start(b, **mode)
     workers.wait_ready(a, b)
     wait_until(lambda: all(f"owns commands partition {p} " in workers.log(a) for p in a_parts), 30, "a's partitions")
     sent: dict[str, tuple[Submission, bool]] = {}  # command id -> (submission, admissible)
@@ -235,10 +247,12 @@ def test_sigkill_inside_admission_then_the_survivor_takes_over(
     killed_at = marker.stat().st_mtime
     assert f"SIGKILL at {point}" in workers.log(a)
 
-    # the survivor takes the dead worker's partitions over and decides everything
+    # the survivor takes the dead worker's partitions over and decides everything, and admits every task
     def all_decided() -> bool:
-        counts = decisions(bare)[0]
-        return all(counts[c] >= 1 for c in sent)
+        counts, tasks, recs = decisions(bare)
+        admitted = [x.payload for x in recs if isinstance(x.payload, r.SubmissionAccepted)]
+        ids = [t for acc in admitted if acc.command_id in sent for t in acc.task_ids.values()]
+        return all(counts[c] >= 1 for c in sent) and all(tasks[t] >= 1 for t in ids)
 
     wait_until(all_decided, 120, "every command decided", every=1.0)
     took_over = time.time() - killed_at
@@ -266,9 +280,15 @@ def test_sigkill_inside_admission_then_the_survivor_takes_over(
     assert all(d in known for sp in specs.values() for d in sp.dependencies), "an edge to nothing"
 
     # what the dead worker wrote and never committed is in the log, invisible to committed readers
-    all_per_command, _, _ = decisions(bare, committed=False)
+    all_per_command, all_per_task, _ = decisions(bare, committed=False)
     uncommitted_extra = sum(all_per_command[c] for c in sent) - len(sent)
-    if point in ("mid-write", "before-commit"):
+    uncommitted_tasks = sum(all_per_task[t] for t in ids) - len(ids)
+    if split:
+        # the decisions were committed before the crash: the survivor wrote their tasks, deciding nothing
+        assert uncommitted_extra == 0
+        assert (uncommitted_tasks > 0) == (point == "before-commit"), uncommitted_tasks
+        assert "decided before" in log_b, log_b
+    elif point in ("mid-write", "before-commit"):
         assert uncommitted_extra > 0, "the crash should have left aborted decisions in the log"
     else:
         assert uncommitted_extra == 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from taskstream.schemas import records as r
-from taskstream.streams.admission import CHUNK_TASKS, LinkIndex, Placement, decide_command
+from taskstream.streams.admission import CHUNK_TASKS, LinkIndex, Placement, carry_out, decide_command
 
 from taskstream.core import events as e
 from taskstream.core.submission import parse_document, reference_id
@@ -23,8 +23,13 @@ def by_id(task_id: str) -> int:
     return int(task_id[:2], 16) % 3
 
 
+def written(d):  # type: ignore[no-untyped-def]
+    """Every record a decision has written: its own, then its tasks'."""
+    return d.sends + (d.admitted.records(by_id) if d.admitted else [])
+
+
 def task_events_of(d):  # type: ignore[no-untyped-def]
-    return [x for _, _, rec in d.sends for x in r.task_events(rec)]
+    return [x for _, _, rec in written(d) for x in r.task_events(rec)]
 
 
 def admit(cmd: r.CommandRecord, index: LinkIndex):  # type: ignore[no-untyped-def]
@@ -108,10 +113,12 @@ def test_tasks_are_admitted_packed_per_partition_with_their_dependents_and_refer
     tasks: list[dict[str, object]] = [{"name": "t0", "argv": ["x"], "dependencies": ["k0/outside"]}]
     tasks += [{"name": f"t{i}", "argv": ["x"], "dependencies": sorted({f"t{i - 1}", "t0"})} for i in range(1, n)]
     d = admit(command("big", tasks), LinkIndex())
-    packed = [(key, rec) for topic, key, rec in d.sends if isinstance(rec.payload, r.TasksAdmitted)]
-    assert all(topic == "events" for topic, _, _ in d.sends)
-    assert isinstance(d.sends[-1][2].payload, r.SubmissionAccepted), "the decision is the last record"
-    ids = d.sends[-1][2].payload.task_ids
+    (decision,) = d.sends
+    assert isinstance(decision[2].payload, r.SubmissionAccepted), "the decision is a record of its own"
+    packed = [(key, rec) for topic, key, rec in written(d) if isinstance(rec.payload, r.TasksAdmitted)]
+    assert all(topic == "events" for topic, _, _ in written(d))
+    assert len(packed) == len(written(d)) - 1
+    ids = decision[2].payload.task_ids
     seen: list[str] = []
     for key, rec in packed:
         items = rec.payload.tasks
@@ -139,7 +146,20 @@ def test_tasks_are_admitted_packed_per_partition_with_their_dependents_and_refer
 
 def test_deciding_the_same_command_again_writes_the_same_records() -> None:
     cmd = command("again", [{"name": f"t{i}", "argv": ["x"], "dependencies": ["t0"] if i else []} for i in range(50)])
-    assert decide(cmd, LinkIndex()).sends == decide(cmd, LinkIndex()).sends
+    assert written(decide(cmd, LinkIndex())) == written(decide(cmd, LinkIndex()))
+
+
+def test_the_tasks_carried_out_from_the_command_alone_are_the_decisions_tasks() -> None:
+    """After a crash between a decision and its tasks, the next owner writes them from the command."""
+    index = LinkIndex()
+    cmds = [
+        command("plain", [{"name": f"t{i}", "argv": ["x"], "dependencies": ["t0"] if i else []} for i in range(30)]),
+        command("linked", [{"name": "a", "argv": ["x"], "dependencies": ["plain/t3"]}, {"name": "b", "argv": ["x"]}]),
+    ]
+    for cmd in cmds:
+        d = admit(cmd, index)
+        assert d.admitted is not None
+        assert carry_out("node", cmd, 1000).records(by_id) == d.admitted.records(by_id)
 
 
 def test_a_packed_record_too_big_for_a_message_is_split_without_losing_or_moving_a_task() -> None:
@@ -149,7 +169,7 @@ def test_a_packed_record_too_big_for_a_message_is_split_without_losing_or_moving
     codec = Codec({"event": 1}, lambda _id: "")
     tasks = [{"name": f"t{i}", "argv": ["x" * 200], "dependencies": [f"t{i - 1}"] if i else []} for i in range(300)]
     d = admit(command("huge", tasks), LinkIndex())
-    for _, key, rec in d.sends:
+    for _, key, rec in written(d):
         whole = codec.encode(rec)
         parts = encode_split(codec, key, rec, limit=len(whole) // 5)
         decoded = [(k, codec.decode("event", v)) for k, v in parts]

@@ -477,14 +477,23 @@ def find_cycle(graph: Mapping[str, Sequence[str]], roots: Iterable[str] | None =
 
 def assign_ids(sub: Submission, submission_id: str) -> tuple[dict[str, str], tuple[TaskSpec, ...]]:
     """Map names to system ids and rewrite dependencies from names to ids."""
-    ids = {s.name: task_id_for(submission_id, s.name) for s in sub.tasks}
+    ids = task_ids(sub, submission_id)
+    return ids, resolve_dependencies(sub, ids)
+
+
+def task_ids(sub: Submission, submission_id: str) -> dict[str, str]:
+    """Task name -> the id the system gives it."""
+    return {s.name: task_id_for(submission_id, s.name) for s in sub.tasks}
+
+
+def resolve_dependencies(sub: Submission, ids: Mapping[str, str]) -> tuple[TaskSpec, ...]:
+    """The specs with their dependencies rewritten from names (and references) to task ids."""
 
     def resolve(d: str) -> str:
         ref = split_reference(d)
         return ids[d] if ref is None else reference_id(sub.tenant, *ref)
 
-    specs = tuple(_with_dependencies(s, tuple(resolve(d) for d in s.dependencies)) for s in sub.tasks)
-    return ids, specs
+    return tuple(_with_dependencies(s, tuple(resolve(d) for d in s.dependencies)) for s in sub.tasks)
 
 
 def _with_dependencies(s: TaskSpec, deps: tuple[str, ...]) -> TaskSpec:

@@ -55,6 +55,11 @@ IDLE_MAX_S = 0.05  # the longest an idle worker waits before looking for new com
 READ_EVERY_S = 0.25  # how often a member reads the others' heartbeats
 PACKED_MAX_BYTES = kafka.MAX_MESSAGE_BYTES // 4  # a TasksAdmitted bigger than this is split
 DECIDED_KEY = b"decided"  # the links topic's record of a batch decided and not yet carried out
+CARRY_OUT_RETRY_S = 2.0  # how long to wait before retrying the tasks of a decided command that failed
+
+
+class CarryOutError(Exception):
+    """The tasks of an accepted command could not be made now (its schema is unreachable): retry later."""
 
 
 def rendezvous_owner(members: list[str], partition: int) -> str:
@@ -537,6 +542,10 @@ class Admitter:
         except KafkaException as exc:
             self._failed(owned, batch, exc)
             return
+        except CarryOutError as exc:  # nothing is lost by waiting: the commands stay uncommitted
+            self._retry(owned, batch, str(exc))
+            self.stopping.wait(CARRY_OUT_RETRY_S)
+            return
         finally:
             gc.enable()
             self.in_flight = None
@@ -569,7 +578,12 @@ class Admitter:
             log.warning("commands partition %d: transaction fenced (%s); giving it up", p, err.str())
             self.release(p, "fenced")
             return
-        log.warning("commands partition %d: transaction failed (%s); aborting and retrying the batch", p, err.str())
+        self._retry(owned, batch, f"transaction failed ({err.str()})")
+
+    def _retry(self, owned: Owned, batch: list[Message], why: str) -> None:
+        """Abort the open transaction and read the batch again from its first command."""
+        p = owned.partition
+        log.warning("commands partition %d: %s; aborting and retrying the batch", p, why)
         try:
             owned.producer.abort_transaction(TXN_TIMEOUT_S)
         except KafkaException as abort_exc:
@@ -630,8 +644,12 @@ class Admitter:
         assert owned.decided is not None
         if _offset(msg) not in owned.decided.carry_out:
             return None
-        # it decoded when it was decided: the same bytes and schema decode now
-        cmd = self.codec.decode("command", msg.value())
+        try:
+            cmd = self.codec.decode("command", msg.value())
+        except DecodeError as err:  # it decoded when it was decided: its writer schema is unreachable now
+            raise CarryOutError(
+                f"the command at offset {_offset(msg)} was accepted, but its tasks cannot be written yet: {err.reason}"
+            ) from err
         log.info("commands partition %d: writing the tasks of %s, decided before", owned.partition, cmd.command_id)
         return carry_out(self.member, cmd, msg.timestamp()[1])
 

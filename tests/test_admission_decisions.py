@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from taskstream.schemas import records as r
 from taskstream.streams.admission import CHUNK_TASKS, LinkIndex, Placement, carry_out, decide_command
 
@@ -183,3 +185,18 @@ def test_a_packed_record_too_big_for_a_message_is_split_without_losing_or_moving
         assert {by_id(k) for k, _ in decoded} == {by_id(key)}, "every part stays on the record's partition"
         assert len({x.event_id for _, x in decoded}) == len(parts)
     assert encode_split(codec, "k", d.sends[0][2], limit=10**9) == [("k", codec.encode(d.sends[0][2]))]
+
+
+def test_a_decided_record_keeps_what_an_earlier_one_covers_past_the_batch() -> None:
+    """A retried batch can end before the batch whose decisions were committed first: the record written
+    for it must still say which later commands are decided and which of them wait for their tasks."""
+    from taskstream.streams.admitter import Decided, _decided_after, _pending
+
+    assert _decided_after(None, 12, [10, 12]) == Decided(12, (10, 12))
+    assert _decided_after(Decided(11, (9, 11)), 12, [9, 11, 12]) == Decided(12, (9, 11, 12))
+    assert _decided_after(Decided(20, (9, 15, 20)), 12, [9]) == Decided(20, (9, 15, 20))
+    assert Decided.from_entry(json.loads(Decided(20, (9, 15)).to_json())) == Decided(20, (9, 15))
+    # it matters only while the partition's committed offset has not passed it
+    assert _pending(Decided(20, (15,)), 20) == Decided(20, (15,))
+    assert _pending(Decided(20, (15,)), 21) is None
+    assert _pending(None, 0) is None

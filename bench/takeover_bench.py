@@ -126,6 +126,7 @@ def main() -> int:
                 )
             time.sleep(0.05)
         producer.flush(10)
+        del producer  # gone before the stack: it would log connection failures while the broker stops
         assert killed_at is not None
         observer.join(120)
         deadline = time.time() + 60

@@ -11,12 +11,13 @@ from taskstream.core.submission import (
     MAX_TASKS,
     Submission,
     SubmissionError,
-    assign_ids,
     check_submission,
     find_cycle,
     parse_document,
     reference_id,
+    resolve_dependencies,
     submission_id_for,
+    task_ids,
 )
 from tests.strategies import dags
 
@@ -144,8 +145,8 @@ def test_ids_are_a_function_of_the_submission_and_name(specs: list) -> None:
     sub = Submission("acme", tuple(specs), idempotency_key="k")
     sid = submission_id_for("acme", "k", command_id="c1")
     assert sid == submission_id_for("acme", "k", command_id="c2")  # same key, any command: same submission
-    ids1, out1 = assign_ids(sub, sid)
-    ids2, _ = assign_ids(sub, sid)
+    ids1, ids2 = task_ids(sub, sid), task_ids(sub, sid)
+    out1 = resolve_dependencies(sub, ids1)
     assert ids1 == ids2 and len(set(ids1.values())) == len(specs)
     for spec, original in zip(out1, specs, strict=True):
         assert spec.dependencies == tuple(ids1[d] for d in original.dependencies)
@@ -170,8 +171,6 @@ def test_fast_ids_equal_rfc_4122_uuid5() -> None:
 def test_assigning_ids_rewrites_only_the_dependencies() -> None:
     import dataclasses
 
-    from taskstream.core.submission import assign_ids
-
     sub = parse_document(
         {
             "tenant": "acme",
@@ -182,7 +181,8 @@ def test_assigning_ids_rewrites_only_the_dependencies() -> None:
             ],
         }
     )
-    ids, specs = assign_ids(sub, "sid")
+    ids = task_ids(sub, "sid")
+    specs = resolve_dependencies(sub, ids)
     for before, after in zip(sub.tasks, specs, strict=True):
         assert dataclasses.replace(before, dependencies=after.dependencies) == after
     assert specs[1].dependencies == (ids["a"], reference_id("acme", "other", "c"))

@@ -475,12 +475,6 @@ def find_cycle(graph: Mapping[str, Sequence[str]], roots: Iterable[str] | None =
     return None
 
 
-def assign_ids(sub: Submission, submission_id: str) -> tuple[dict[str, str], tuple[TaskSpec, ...]]:
-    """Map names to system ids and rewrite dependencies from names to ids."""
-    ids = task_ids(sub, submission_id)
-    return ids, resolve_dependencies(sub, ids)
-
-
 def task_ids(sub: Submission, submission_id: str) -> dict[str, str]:
     """Task name -> the id the system gives it."""
     return {s.name: task_id_for(submission_id, s.name) for s in sub.tasks}

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from taskstream.connectors import embedded_kafka, embedded_neo4j
+
 from taskstream.settings import Settings
 
 
@@ -172,10 +174,23 @@ def _ready_file_exists(settings: Settings, name: str) -> bool:
 
 
 def embedded_specs(settings: Settings) -> list[ServiceSpec]:
-    """The services `taskstream up` supervises, in start order."""
+    """The services `taskstream up` supervises, in start order. `settings` has its engines chosen
+    (connectors/engines.py)."""
     s = settings
     specs: list[ServiceSpec] = []
-    if s.embedded_kafka:
+    if s.embedded_kafka and s.broker == "kafka":
+        specs.append(
+            ServiceSpec(
+                "broker",
+                embedded_kafka.argv(s),
+                ready=lambda: kafka_ready(s),
+                ports=[("Kafka broker", s.kafka_port), ("Kafka controller", s.kafka_controller_port)],
+                prepare=lambda: embedded_kafka.prepare(s),
+                ready_timeout=90.0,
+                stop_timeout=30.0,
+            )
+        )
+    elif s.embedded_kafka:
         specs.append(
             ServiceSpec(
                 "broker",
@@ -230,14 +245,29 @@ def embedded_specs(settings: Settings) -> list[ServiceSpec]:
                 ports=[("schema registry", s.registry_port)],
             )
         )
-    specs.append(
-        ServiceSpec(
+    if s.embedded_neo4j:
+        specs.append(
+            ServiceSpec(
+                "neo4j",
+                embedded_neo4j.argv(s),
+                ready=lambda: embedded_neo4j.ready(s),
+                env=embedded_neo4j.env(s),
+                ports=[("Neo4j Bolt", s.neo4j_port)],
+                prepare=lambda: embedded_neo4j.prepare(s),
+                ready_timeout=120.0,
+                stop_timeout=60.0,
+            )
+        )
+    if s.graph_backend == "ladybug":  # the process that owns the Ladybug file and answers queries over HTTP
+        graph = ServiceSpec(
             "graph",
             python_service(s, "graph"),
             ready=lambda: http_ok(f"{s.graph_url}/health"),
-            ports=[("graph service", s.graph_port)] if s.graph_backend == "ladybug" else [],
+            ports=[("graph service", s.graph_port)],
         )
-    )
+    else:  # Neo4j answers queries itself; this process only projects
+        graph = ServiceSpec("graph", python_service(s, "graph"), ready=partial(_ready_file_exists, s, "graph"))
+    specs.append(graph)
     specs.append(
         ServiceSpec(
             "pg-projector",

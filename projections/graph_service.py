@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def open_store(settings: Settings) -> GraphStore:
     if settings.graph_backend == "neo4j":
-        return Neo4jStore(settings.neo4j_uri, settings.neo4j_user, settings.neo4j_password)
+        return Neo4jStore(settings.neo4j_url, settings.neo4j_user, settings.neo4j_password)
     from taskstream.projections.replay import apply_graph_swap
 
     live = settings.state_dir / "graph" / "taskstream.lbug"

@@ -13,6 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from taskstream.settings import Settings, SettingsError
@@ -35,9 +36,12 @@ STYLE = {
 }
 
 
-def settings() -> Settings:
+def settings(probe: bool = True) -> Settings:
+    """The settings from TASKSTREAM_*, with the engines chosen (connectors/engines.py)."""
+    from taskstream.connectors.engines import choose
+
     try:
-        return Settings.from_env()
+        return choose(Settings.from_env(), probe=probe).settings
     except SettingsError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
@@ -53,18 +57,31 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 @app.command()
 def up(timeout: Annotated[float, typer.Option(help="seconds to wait for every service")] = 240.0) -> None:
-    """Start the embedded stack (broker, PostgreSQL, registry, graph, workers) under the state directory."""
+    """Start the embedded stack (Kafka, PostgreSQL, registry, Neo4j, projectors, admission, workers) under the
+    state directory. Without a JVM: noida-db and Ladybug instead (TASKSTREAM_BROKER, TASKSTREAM_GRAPH_BACKEND
+    choose explicitly)."""
     from taskstream import supervisor as sup
+    from taskstream.connectors import engines
     from taskstream.connectors import services as sv
+    from taskstream.connectors.jvm import JvmError
 
-    s = settings()
+    try:
+        choice = engines.choose(Settings.from_env())
+    except SettingsError as exc:
+        fail(str(exc), 2)
+    s = choice.settings
     status = sup.read_status(s)
     if status and sup.pid_alive(status["pid"]) and status["status"] in ("starting", "ready"):
         console.print(f"taskstream is already up (supervisor pid {status['pid']}, state {s.state_dir})")
         return
+    if choice.note:
+        err.print(f"[yellow]note:[/] {escape(choice.note)}")
     try:
+        engines.check_record(s)
+        with console.status("checking the JVM engines…") as spinner:
+            engines.prepare_jvm(s, lambda line: spinner.update(escape(line)))
         specs = sv.embedded_specs(s)
-    except sv.ServiceError as exc:
+    except (sv.ServiceError, JvmError, engines.EngineError) as exc:
         fail(str(exc))
     for spec in specs:
         for what, port in spec.ports:
@@ -73,6 +90,7 @@ def up(timeout: Annotated[float, typer.Option(help="seconds to wait for every se
                     f"port {port} on {s.host} ({what}) is taken: stop what uses it or set another port "
                     f"(TASKSTREAM_*_PORT)"
                 )
+    engines.record(s)
     for d in (sv.run_dir(s), sv.log_dir(s)):
         d.mkdir(parents=True, exist_ok=True)
     sup.status_file(s).unlink(missing_ok=True)
@@ -86,6 +104,7 @@ def up(timeout: Annotated[float, typer.Option(help="seconds to wait for every se
         start_new_session=True,
     )
     log.close()
+    console.print(f"engines: {engines.describe(s)}")
     deadline = time.monotonic() + timeout
     with console.status("starting taskstream…") as spinner:
         while time.monotonic() < deadline:
@@ -116,9 +135,9 @@ def _print_services(s: Settings) -> None:
         alive = bool(v.get("pid")) and sup.pid_alive(v["pid"])
         t.add_row(name, str(v.get("pid") or "-"), "yes" if alive else "[red]no[/]", str(v.get("restarts", 0)))
     console.print(t)
+    graph = s.neo4j_url if s.graph_backend == "neo4j" else f"Ladybug via {s.graph_url}"
     console.print(
-        f"Kafka {s.bootstrap} · registry {s.registry} · PostgreSQL {s.dsn.split(' connect_timeout')[0]}"
-        f" · graph {s.graph_backend}"
+        f"Kafka {s.bootstrap} · registry {s.registry} · PostgreSQL {s.dsn.split(' connect_timeout')[0]} · graph {graph}"
     )
 
 

@@ -17,9 +17,15 @@ class SettingsError(ValueError):
 class Settings:
     state_dir: Path = Path(".taskstream")
     host: str = "127.0.0.1"  # what embedded services bind to
-    # Kafka protocol. Empty bootstrap: the embedded noida-db broker on kafka_port.
+    # Which engines: "" chooses (connectors/engines.py): Apache Kafka and Neo4j where Java >= 17 and Maven
+    # (or jars they resolved before) are present, else the pip-only noida-db and Ladybug.
+    broker: str = ""  # "kafka" | "noida"
+    # Kafka protocol. Empty bootstrap: the embedded broker on kafka_port (KRaft controller on
+    # kafka_controller_port when it is Apache Kafka).
     kafka_bootstrap: str = ""
     kafka_port: int = 19092
+    kafka_controller_port: int = 19093
+    kafka_heap_mb: int = 512
     partitions: int = 4
     topic_prefix: str = "taskstream"
     # Schema registry. Empty URL: the embedded registry on registry_port.
@@ -30,12 +36,22 @@ class Settings:
     postgres_dsn: str = ""
     postgres_port: int = 15432
     pg_bin: str = ""
-    # Graph: "ladybug" (embedded, served by the graph process on graph_port) or "neo4j".
-    graph_backend: str = "ladybug"
+    # Graph: "neo4j" (embedded server with Bolt on neo4j_port, or the server at neo4j_uri) or "ladybug"
+    # (embedded file, served by the graph process on graph_port); "" chooses, as for the broker.
+    graph_backend: str = ""
     graph_port: int = 17475
-    neo4j_uri: str = ""
+    neo4j_uri: str = ""  # empty: the embedded server
+    neo4j_port: int = 17687
     neo4j_user: str = "neo4j"
-    neo4j_password: str = ""
+    neo4j_password: str = ""  # empty with the embedded server: the one generated into the state directory
+    neo4j_heap_mb: int = 512
+    neo4j_pagecache_mb: int = 256
+    # The JVM side (connectors/jvm.py): a java binary (default: $JAVA_HOME/bin/java, else java on PATH),
+    # Maven's local repository (default: Maven's own, ~/.m2/repository) and where resolved classpaths
+    # are cached (default: ~/.cache/taskstream).
+    java: str = ""
+    maven_repo: str = ""
+    jvm_cache: str = ""
     # Faust workers.
     workers: int = 1
     worker_slots: int = 4
@@ -64,6 +80,18 @@ class Settings:
     @property
     def embedded_kafka(self) -> bool:
         return not self.kafka_bootstrap
+
+    @property
+    def embedded_neo4j(self) -> bool:
+        return self.graph_backend == "neo4j" and not self.neo4j_uri
+
+    @property
+    def neo4j_url(self) -> str:
+        return self.neo4j_uri or f"bolt://{self.host}:{self.neo4j_port}"
+
+    @property
+    def jvm_cache_dir(self) -> Path:
+        return Path(self.jvm_cache) if self.jvm_cache else Path.home() / ".cache" / "taskstream"
 
     @property
     def bootstrap(self) -> str:
@@ -117,12 +145,16 @@ class Settings:
             except ValueError as exc:
                 raise SettingsError(f"TASKSTREAM_{f.name.upper()}={raw!r}: expected an integer") from exc
         s = replace(cls(**values), **overrides)  # type: ignore[arg-type]
-        if s.graph_backend not in ("ladybug", "neo4j"):
-            raise SettingsError(f"TASKSTREAM_GRAPH_BACKEND={s.graph_backend!r}: expected 'ladybug' or 'neo4j'")
-        if s.graph_backend == "neo4j" and not s.neo4j_uri:
-            raise SettingsError("TASKSTREAM_GRAPH_BACKEND=neo4j needs TASKSTREAM_NEO4J_URI")
+        if s.broker not in ("", "kafka", "noida"):
+            raise SettingsError(f"TASKSTREAM_BROKER={s.broker!r}: expected 'kafka' or 'noida' (or unset, to choose)")
+        if s.graph_backend not in ("", "ladybug", "neo4j"):
+            raise SettingsError(
+                f"TASKSTREAM_GRAPH_BACKEND={s.graph_backend!r}: expected 'neo4j' or 'ladybug' (or unset, to choose)"
+            )
         return replace(s, state_dir=s.state_dir.resolve())
 
     def env(self) -> dict[str, str]:
-        """These settings as TASKSTREAM_* variables, for child processes."""
-        return {f"TASKSTREAM_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)}
+        """These settings as TASKSTREAM_* variables, for child processes. The embedded Neo4j server's
+        generated password is left out: children read it from the state directory, as every client does."""
+        skip = {"neo4j_password"} if self.embedded_neo4j else set()
+        return {f"TASKSTREAM_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self) if f.name not in skip}

@@ -23,7 +23,7 @@ from taskstream.connectors import services as sv
 from taskstream.settings import Settings
 
 log = logging.getLogger("taskstream.supervisor")
-INFRA = {"broker", "postgres", "registry"}
+INFRA = {"broker", "postgres", "registry", "neo4j"}  # started together, before bootstrap
 
 
 def status_file(settings: Settings) -> Path:
@@ -163,19 +163,25 @@ class Supervisor:
             specs = sv.embedded_specs(self.settings)
             self.children = [Child(s) for s in specs]
             self._write()
-            bootstrapped = False
-            for child in self.children:
+            infra = [c for c in self.children if c.spec.name in INFRA]
+            services = [c for c in self.children if c.spec.name not in INFRA]
+            # Each group is started at once and then waited for: the two JVMs take seconds to start,
+            # and the Python services a second of CPU each; in sequence that adds up at every `up`.
+            for group in (infra, services):
                 if self.stopping:
                     break
-                if child.spec.name not in INFRA and not bootstrapped:
+                if group is services:
                     from taskstream.connectors.bootstrap import bootstrap
 
                     bootstrap(self.settings)
-                    bootstrapped = True
-                if child.spec.prepare:
-                    child.spec.prepare()
-                self._spawn(child)
-                self._wait_ready(child)
+                for child in group:
+                    if child.spec.prepare and not self.stopping:
+                        child.spec.prepare()
+                    if not self.stopping:
+                        self._spawn(child)
+                for child in group:
+                    if child.proc is not None:
+                        self._wait_ready(child)
             if not self.stopping:
                 self._write(status="ready")
                 log.info("taskstream is up")

@@ -1,16 +1,28 @@
-"""A throwaway embedded stack for a benchmark: free ports, a temporary state dir, `up` then `down`."""
+"""What the benchmarks share: a throwaway embedded stack on either engine pair (free ports, a temporary
+state dir, `up` then `down`), the process table of a running stack, summaries of repeated runs, and the
+results files."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+# The two engine pairs a stack runs on: the design's (Apache Kafka, Neo4j) and the pip-only fallback.
+KINDS = {
+    "kafka": {"TASKSTREAM_BROKER": "kafka", "TASKSTREAM_GRAPH_BACKEND": "neo4j"},
+    "fallback": {"TASKSTREAM_BROKER": "noida", "TASKSTREAM_GRAPH_BACKEND": "ladybug"},
+}
+PORTS = ("KAFKA", "KAFKA_CONTROLLER", "REGISTRY", "POSTGRES", "GRAPH", "WORKER", "NEO4J")
 
 
 def free_port() -> int:
@@ -19,21 +31,76 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def kinds(arg: str) -> list[str]:
+    """--engines kafka | fallback | both"""
+    return list(KINDS) if arg == "both" else [arg]
+
+
 @contextmanager
-def embedded_stack(**extra: str) -> Iterator[dict[str, str]]:
+def embedded_stack(kind: str = "kafka", **extra: str) -> Iterator[dict[str, str]]:
     """Yields the TASKSTREAM_* environment of a running stack (plus `extra` settings); stops it afterwards."""
-    state = Path(tempfile.mkdtemp(prefix="taskstream-bench-"))
+    state = Path(tempfile.mkdtemp(prefix=f"taskstream-bench-{kind}-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
     env["TASKSTREAM_STATE_DIR"] = str(state)
-    for name in ("KAFKA", "REGISTRY", "POSTGRES", "GRAPH", "WORKER"):
+    for name in PORTS:
         env[f"TASKSTREAM_{name}_PORT"] = str(free_port())
+    env.update(KINDS[kind])
     env.update({f"TASKSTREAM_{k.upper()}": v for k, v in extra.items()})
     cli = [sys.executable, "-m", "taskstream"]
-    subprocess.run([*cli, "up"], env=env, check=True, capture_output=True)
+    done = subprocess.run([*cli, "up"], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"taskstream up failed ({kind}):\n{done.stdout}\n{done.stderr}")
     try:
         yield env
     finally:
         subprocess.run([*cli, "down"], env=env, capture_output=True)
+
+
+def settings_of(env: dict[str, str]) -> Any:
+    """The stack's settings as its CLI sees them (engines chosen, the generated Neo4j password read)."""
+    from taskstream.connectors.engines import choose
+
+    from taskstream.settings import Settings
+
+    return choose(Settings.from_env(env), probe=False).settings
+
+
+def services(env: dict[str, str]) -> dict[str, int]:
+    """Service name -> pid of a running stack."""
+    status = json.loads((Path(env["TASKSTREAM_STATE_DIR"]) / "run" / "supervisor.json").read_text())
+    return {name: v["pid"] for name, v in status["services"].items() if v.get("pid")}
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int, peak: bool = False) -> float:
+    key = "VmHWM" if peak else "VmRSS"
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    """Median and range of repeated runs (and the runs themselves)."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "runs": []}
+    return {
+        "median": round(statistics.median(vals), 3),
+        "min": round(min(vals), 3),
+        "max": round(max(vals), 3),
+        "runs": [round(v, 3) for v in vals],
+    }
+
+
+def when() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def write_report(path: Path, report: dict[str, object]) -> None:

@@ -7,9 +7,11 @@ command is durable on the commands topic):
   - the tasks committed: every packed TasksAdmitted record of the submission readable (a large
     submission's decision is committed before its tasks, docs/admission.md);
   - the projections: every task row in PostgreSQL, and every node and edge in the graph.
-Tasks start a day later, so nothing runs during the measurement. Writes bench/results/admission.json.
+Tasks start a day later, so nothing runs during the measurement. Repeated --runs times on one stack
+per engine pair (Apache Kafka + Neo4j, and the noida-db + Ladybug fallback); writes the median and
+range per pair to bench/results/admission-<pair>.json.
 
-    python bench/admission_bench.py [--tasks 10000] [--seed 7]
+    python bench/admission_bench.py [--engines kafka|fallback|both] [--runs 5] [--tasks 10000] [--seed 7]
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from _stack import embedded_stack, write_report
+from _stack import embedded_stack, kinds, settings_of, summary, when, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "admission.json"
+RESULTS = ROOT / "bench" / "results"
 
 
 def random_dag(n: int, seed: int):  # type: ignore[no-untyped-def]
@@ -51,7 +53,7 @@ def random_dag(n: int, seed: int):  # type: ignore[no-untyped-def]
 
 
 def admission_ends(  # type: ignore[no-untyped-def]
-    watch, resting, topic: str, partitions: int, starts: dict[int, int], task_ids: list[str]
+    watch, idle, topic: str, partitions: int, starts: dict[int, int], task_ids: list[str]
 ) -> dict[int, int]:
     """Per partition, the offset just past the submission's packed admission records, once all are
     committed (a large submission's tasks are committed just after its decision). Which records to wait
@@ -69,10 +71,12 @@ def admission_ends(  # type: ignore[no-untyped-def]
     nxt = dict(starts)
     stop = threading.Event()
     deadline = time.perf_counter() + 300
+    watch.assign([TopicPartition(topic, p, o) for p, o in nxt.items()])
     while expected and time.perf_counter() < deadline:
-        resting.rest(nxt, stop)  # unassigned while nothing new is committed: an idle watcher spins on noida-db
-        watch.assign([TopicPartition(topic, p, o) for p, o in nxt.items()])
-        for m in watch.consume(1000, 0.01):
+        msgs = watch.consume(1000, 0.01)
+        if not msgs and idle.rest(nxt, stop):  # unassigned while idle: an idle watcher spins on noida-db
+            watch.assign([TopicPartition(topic, p, o) for p, o in nxt.items()])
+        for m in msgs:
             if m.error():
                 continue
             nxt[m.partition()] = m.offset() + 1
@@ -83,103 +87,127 @@ def admission_ends(  # type: ignore[no-untyped-def]
     return ends
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tasks", type=int, default=10_000)
-    ap.add_argument("--seed", type=int, default=7)
-    args = ap.parse_args()
+def measure(settings, args, seq: int):  # type: ignore[no-untyped-def]
+    """One submission of a random DAG: the seconds to each milestone, from the SDK's first byte."""
     from confluent_kafka import TopicPartition
+    from taskstream.connectors import broker
     from taskstream.connectors.kafka import consumer, make_codec
     from taskstream.connectors.partitioning import partition_for
-    from taskstream.connectors.resting import Resting
-    from taskstream.projections.graph_service import GraphClient
+    from taskstream.projections.graph_service import graph_queries
     from taskstream.schemas.records import SubmissionAccepted, SubmissionRejected
 
     from taskstream.core.submission import submission_id_for
     from taskstream.sdk import Client
-    from taskstream.settings import Settings
 
-    with embedded_stack() as env:
-        settings = Settings.from_env(env)
-        sub = random_dag(args.tasks, args.seed)
-        n_edges = sum(len(t.dependencies) for t in sub.tasks)
-        codec = make_codec(settings)
-        client = Client(settings, issuer="bench")
-        sid = submission_id_for(sub.tenant, sub.idempotency_key, "")  # keyed: independent of the command id
-        topic = settings.topic("events")
-        part = partition_for(sid.encode(), settings.partitions)  # the decision is keyed by submission id
-        watch = consumer(settings, group="bench-admission")
-        starts = {
-            p: watch.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(settings.partitions)
-        }
-        nxt = {part: starts[part]}
-        resting = Resting(watch, topic, first=0.002, ceiling=0.01)  # an idle watcher must not load the broker
-        import psycopg
-
-        t0 = time.perf_counter()
-        _, sid = client.submit(sub)
-        t_sent = time.perf_counter()
-        decision = None
-        stop = threading.Event()
-        while decision is None and time.perf_counter() - t0 < 300:
-            resting.rest(nxt, stop)
-            watch.assign([TopicPartition(topic, part, nxt[part])])
-            for m in watch.consume(1000, 0.01):
-                if m.error():
-                    continue
-                nxt[part] = m.offset() + 1
-                if m.key() != sid.encode():
-                    continue
-                rec = codec.decode("event", m.value())
-                if isinstance(rec.payload, SubmissionAccepted | SubmissionRejected):
-                    decision = (rec.kind, time.perf_counter())
-                    task_ids = list(rec.payload.task_ids.values()) if decision[0] == "SubmissionAccepted" else []
-        assert decision is not None, "no admission decision within 300 s"
-        assert decision[0] == "SubmissionAccepted", decision
-        # Both projections write their rows and their checkpoint in one transaction, so a projection shows
-        # every node and edge once its checkpoint has passed the submission's packed admission records on
-        # every partition (found after the decision is timed). Polling checkpoints is cheap and takes no
-        # lock the writers need; the counts are checked once, afterwards.
-        ends = admission_ends(watch, resting, topic, settings.partitions, starts, task_ids)
-        t_admitted = time.perf_counter()
-        watch.close()
-        t_pg = t_graph = None
-        graph = GraphClient(settings.graph_url)
-        with psycopg.connect(settings.dsn, autocommit=True) as conn:
-            while (t_pg is None or t_graph is None) and time.perf_counter() - t0 < 600:
-                if t_pg is None:
-                    done = dict(
-                        conn.execute(
-                            "SELECT partition, next_offset FROM projection_checkpoints "
-                            "WHERE projection = 'pg' AND topic = %s",
-                            (topic,),
-                        ).fetchall()
-                    )
-                    if all(done.get(p, 0) >= end for p, end in ends.items()):
-                        t_pg = time.perf_counter()
-                if t_graph is None:
-                    done = {int(k.rpartition("/")[2]): v for k, v in graph.checkpoints().items() if topic in k}
-                    if all(done.get(p, 0) >= end for p, end in ends.items()):
-                        t_graph = time.perf_counter()
-                time.sleep(0.02)
-            (rows,) = conn.execute("SELECT count(*) FROM tasks WHERE submission_id = %s", (sid,)).fetchone()
-        assert rows == args.tasks, f"PostgreSQL has {rows} of {args.tasks} tasks"
-        counts = graph.counts(sid)
-        assert counts == {"nodes": args.tasks, "edges": n_edges}, counts
-    report = {
-        "benchmark": "admission of one random DAG",
-        "tasks": args.tasks,
-        "edges": n_edges,
-        "produce_seconds": round(t_sent - t0, 3),
-        "decision_seconds": round(decision[1] - t0, 3),
-        "decision_after_command_durable_seconds": round(decision[1] - t_sent, 3),
-        "tasks_committed_seconds": round(t_admitted - t0, 3),
-        "postgres_complete_seconds": None if t_pg is None else round(t_pg - t0, 3),
-        "graph_complete_seconds": None if t_graph is None else round(t_graph - t0, 3),
-        "aim": "decision under 0.5 s, projections under 5 s",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    sub = random_dag(args.tasks, args.seed + seq)
+    n_edges = sum(len(t.dependencies) for t in sub.tasks)
+    codec = make_codec(settings)
+    client = Client(settings, issuer="bench")
+    sid = submission_id_for(sub.tenant, sub.idempotency_key, "")  # keyed: independent of the command id
+    topic = settings.topic("events")
+    part = partition_for(sid.encode(), settings.partitions)  # the decision is keyed by submission id
+    watch = consumer(settings, group="bench-admission")
+    starts = {
+        p: watch.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+        for p in range(settings.partitions)
     }
-    write_report(RESULTS, report)
+    nxt = {part: starts[part]}
+    idle = broker.idle(settings, watch, topic, first=0.002, ceiling=0.01)  # an idle watcher must not load noida-db
+    import psycopg
+
+    t0 = time.perf_counter()
+    _, sid = client.submit(sub)
+    t_sent = time.perf_counter()
+    decision = None
+    stop = threading.Event()
+    watch.assign([TopicPartition(topic, part, nxt[part])])
+    while decision is None and time.perf_counter() - t0 < 300:
+        msgs = watch.consume(1000, 0.01)
+        if not msgs and idle.rest(nxt, stop):
+            watch.assign([TopicPartition(topic, part, nxt[part])])
+        for m in msgs:
+            if m.error():
+                continue
+            nxt[part] = m.offset() + 1
+            if m.key() != sid.encode():
+                continue
+            rec = codec.decode("event", m.value())
+            if isinstance(rec.payload, SubmissionAccepted | SubmissionRejected):
+                decision = (rec.kind, time.perf_counter())
+                task_ids = list(rec.payload.task_ids.values()) if decision[0] == "SubmissionAccepted" else []
+    assert decision is not None, "no admission decision within 300 s"
+    assert decision[0] == "SubmissionAccepted", decision
+    # Both projections write their rows and their checkpoint in one transaction, so a projection shows
+    # every node and edge once its checkpoint has passed the submission's packed admission records on
+    # every partition (found after the decision is timed). Polling checkpoints is cheap and takes no
+    # lock the writers need; the counts are checked once, afterwards.
+    watch.unassign()
+    ends = admission_ends(watch, idle, topic, settings.partitions, starts, task_ids)
+    t_admitted = time.perf_counter()
+    watch.close()
+    client.close()
+    t_pg = t_graph = None
+    graph = graph_queries(settings)
+    with psycopg.connect(settings.dsn, autocommit=True) as conn:
+        while (t_pg is None or t_graph is None) and time.perf_counter() - t0 < 600:
+            if t_pg is None:
+                done = dict(
+                    conn.execute(
+                        "SELECT partition, next_offset FROM projection_checkpoints "
+                        "WHERE projection = 'pg' AND topic = %s",
+                        (topic,),
+                    ).fetchall()
+                )
+                if all(done.get(p, 0) >= end for p, end in ends.items()):
+                    t_pg = time.perf_counter()
+            if t_graph is None:
+                done = {int(k.rpartition("/")[2]): v for k, v in graph.checkpoints().items() if topic in k}
+                if all(done.get(p, 0) >= end for p, end in ends.items()):
+                    t_graph = time.perf_counter()
+            time.sleep(0.02)
+        (rows,) = conn.execute("SELECT count(*) FROM tasks WHERE submission_id = %s", (sid,)).fetchone()
+    assert rows == args.tasks, f"PostgreSQL has {rows} of {args.tasks} tasks"
+    counts = graph.counts(sid)
+    assert counts == {"nodes": args.tasks, "edges": n_edges}, counts
+    return {
+        "edges": n_edges,
+        "produce_seconds": t_sent - t0,
+        "decision_seconds": decision[1] - t0,
+        "decision_after_command_durable_seconds": decision[1] - t_sent,
+        "tasks_committed_seconds": t_admitted - t0,
+        "postgres_complete_seconds": None if t_pg is None else t_pg - t0,
+        "graph_complete_seconds": None if t_graph is None else t_graph - t0,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engines", choices=("kafka", "fallback", "both"), default="both")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--tasks", type=int, default=10_000)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    for kind in kinds(args.engines):
+        with embedded_stack(kind) as env:
+            settings = settings_of(env)
+            runs = []
+            for i in range(args.runs):
+                runs.append(measure(settings, args, i))
+                print(f"{kind} run {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[-1].items() if k != "edges"))
+        keys = [k for k in runs[0] if k != "edges"]
+        report = {
+            "benchmark": "admission of one random DAG",
+            "engines": kind,
+            "broker": settings.broker,
+            "graph": settings.graph_backend,
+            "tasks": args.tasks,
+            "edges": runs[0]["edges"],
+            "runs": args.runs,
+            **{k: summary([r[k] for r in runs]) for k in keys},
+            "aim": "decision under 0.5 s, projections under 5 s (median and every run)",
+            "when": when(),
+        }
+        write_report(RESULTS / f"admission-{kind}.json", report)
     return 0
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from taskstream.connectors.kafka import consumer, make_codec
 from taskstream.connectors.partitioning import partition_for
+from taskstream.connectors.reading import read_to_end
 from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import EVENT_HEADER, EventRecord, task_events
 
@@ -53,53 +54,48 @@ def task_history(settings: Settings, task_id: str) -> list[dict[str, Any]]:
     part = partition_for(task_id.encode(), settings.partitions)
     c = consumer(settings, group=f"taskstream-audit-{task_id}")
     try:
-        low, high = c.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
-        c.assign([TopicPartition(topic, part, low)])
+        low, _ = c.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
-        pos = low
-        while pos < high:
-            for m in c.consume(1000, 2.0):
-                if m.error():
+        # to the partition's end as it is now, also when the log ends on a transaction marker
+        for m in read_to_end(c, topic, {part: low}, timeout=120):
+            # a task's admission is packed with others' (TasksAdmitted) under the first one's key
+            packed = dict(m.headers() or ()).get(EVENT_HEADER) == b"TasksAdmitted"
+            if m.key() != task_id.encode() and not packed:
+                continue
+            try:
+                rec = codec.decode("event", m.value())
+            except DecodeError as exc:
+                out.append(
+                    {
+                        "version": "?",
+                        "event": "UNDECODABLE",
+                        "event_time": "",
+                        "log_time": _when(m.timestamp()[1]),
+                        "node": "",
+                        "details": exc.reason,
+                        "offset": m.offset(),
+                    }
+                )
+                continue
+            for ev in task_events(rec):
+                if ev.task_id != task_id:
                     continue
-                pos = m.offset() + 1
-                # a task's admission is packed with others' (TasksAdmitted) under the first one's key
-                packed = dict(m.headers() or ()).get(EVENT_HEADER) == b"TasksAdmitted"
-                if m.key() != task_id.encode() and not packed:
-                    continue
-                try:
-                    rec = codec.decode("event", m.value())
-                except DecodeError as exc:
-                    out.append(
-                        {
-                            "version": "?",
-                            "event": "UNDECODABLE",
-                            "event_time": "",
-                            "log_time": _when(m.timestamp()[1]),
-                            "node": "",
-                            "details": exc.reason,
-                            "offset": m.offset(),
-                        }
-                    )
-                    continue
-                for ev in task_events(rec):
-                    if ev.task_id != task_id:
-                        continue
-                    dup = ev.event_id in seen
-                    seen.add(ev.event_id)
-                    out.append(
-                        {
-                            "version": ev.version,
-                            "event": ev.kind + (" (duplicate delivery)" if dup else ""),
-                            "event_time": _when(ev.event_ms),
-                            "log_time": _when(m.timestamp()[1]),
-                            "node": ev.node,
-                            "details": _details(ev.payload),
-                            "offset": m.offset(),
-                            "partition": part,
-                            "event_id": ev.event_id,
-                        }
-                    )
+                dup = ev.event_id in seen
+                seen.add(ev.event_id)
+                out.append(
+                    {
+                        "version": ev.version,
+                        "event": ev.kind + (" (duplicate delivery)" if dup else ""),
+                        "event_time": _when(ev.event_ms),
+                        "log_time": _when(m.timestamp()[1]),
+                        "node": ev.node,
+                        "details": _details(ev.payload),
+                        "offset": m.offset(),
+                        "partition": part,
+                        "event_id": ev.event_id,
+                    }
+                )
         return out
     finally:
         c.close()

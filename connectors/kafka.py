@@ -45,8 +45,8 @@ TOPICS: tuple[TopicPlan, ...] = (
         None,
         {"cleanup.policy": "compact", "retention.ms": "-1", "max.message.bytes": str(MAX_MESSAGE_BYTES)},
     ),
-    # ... and the submitter cluster's membership: every admission worker's heartbeats. Not compacted:
-    # noida-db's cleaner compacted heartbeats away before members read them (gaps of 3 s, measured).
+    # ... and the submitter cluster's heartbeats (connectors/ownership.py): a log of them, kept an hour.
+    # Not compacted: noida-db's cleaner compacted heartbeats away before members read them (gaps of 3 s).
     TopicPlan("admission-members", None, {"cleanup.policy": "delete", "retention.ms": "3600000"}, partitions=1),
 )
 ADMISSION_GROUP_SUFFIX = "admission"  # consumer group (offsets only) of the admission workers
@@ -118,6 +118,10 @@ def producer(settings: Settings, **extra: Any) -> Producer:
 
 
 def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
+    """A read_committed consumer that commits nothing by itself (every reader here tracks its own
+    offsets), with what this broker needs (connectors/broker.py)."""
+    from taskstream.connectors.broker import consumer_config
+
     conf: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap,
         "group.id": group,
@@ -126,12 +130,9 @@ def consumer(settings: Settings, group: str, **extra: Any) -> Consumer:
         "isolation.level": "read_committed",
         "fetch.max.bytes": 4 * MAX_MESSAGE_BYTES,
         "max.partition.fetch.bytes": 2 * MAX_MESSAGE_BYTES,
-        # noida-db ignores the fetch size limits and may answer with a partition's whole backlog (a 224 MB
-        # response was measured after 1M events); librdkafka refuses responses over this, so allow its max.
-        "receive.message.max.bytes": 2_147_483_647,
-        # noida-db answers empty fetches at once (ARCHITECTURE.md); back off between them on our side.
-        "fetch.wait.max.ms": 100,
-        "fetch.error.backoff.ms": 20,
+        # a fetch answer can hold several of the largest records
+        "receive.message.max.bytes": 4 * MAX_MESSAGE_BYTES + 65536,
+        **consumer_config(settings),
     }
     conf.update(extra)
     return Consumer(conf)

@@ -20,10 +20,15 @@ from taskstream.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def open_store(settings: Settings) -> GraphStore:
+def open_store(settings: Settings, projector: bool = False) -> GraphStore:
+    """The graph store. `projector`: the graph process, which applies a requested replay swap first."""
+    from taskstream.projections.replay import apply_graph_swap, apply_neo4j_swap
+
     if settings.graph_backend == "neo4j":
-        return Neo4jStore(settings.neo4j_url, settings.neo4j_user, settings.neo4j_password)
-    from taskstream.projections.replay import apply_graph_swap
+        store = Neo4jStore(settings.neo4j_url, settings.neo4j_user, settings.neo4j_password)
+        if projector and apply_neo4j_swap(settings, store):
+            log.info("swapped in the replayed graph; the previous one is kept under the Retired labels")
+        return store
 
     live = settings.state_dir / "graph" / "taskstream.lbug"
     retired = apply_graph_swap(settings, live)

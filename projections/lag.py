@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import psycopg
 from confluent_kafka import TopicPartition
 from taskstream.connectors.kafka import consumer
+from taskstream.connectors.reading import end_offsets, records_between
 
 from taskstream.settings import Settings
 
@@ -17,18 +18,7 @@ class Lag:
     partition: int
     checkpoint: int | None  # None: the projection has applied nothing from this partition
     log_end: int
-
-    @property
-    def behind(self) -> int:
-        return self.log_end - (self.checkpoint or 0)
-
-
-def log_ends(settings: Settings, topic: str) -> dict[int, int]:
-    c = consumer(settings, group="taskstream-lag")
-    try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(settings.partitions)}
-    finally:
-        c.close()
+    behind: int  # records after the checkpoint (a log ending on transaction markers is not behind)
 
 
 def pg_checkpoints(dsn: str, topic: str, projection: str = "pg") -> dict[int, int]:
@@ -47,8 +37,19 @@ def graph_checkpoints(raw: dict[str, int], topic: str, projection: str = "graph"
 
 def projection_lag(settings: Settings, pg: dict[int, int], graph: dict[int, int] | None) -> list[Lag]:
     topic = settings.topic("events")
-    ends = log_ends(settings, topic)
-    out = [Lag("pg", p, pg.get(p), end) for p, end in sorted(ends.items())]
-    if graph is not None:
-        out += [Lag("graph", p, graph.get(p), end) for p, end in sorted(ends.items())]
-    return out
+    c = consumer(settings, group="taskstream-lag")
+    try:
+        ends = end_offsets(c, topic, list(range(settings.partitions)))
+
+        def lag(name: str, done: dict[int, int]) -> list[Lag]:
+            rows = []
+            for p, end in sorted(ends.items()):
+                at = done.get(p)
+                start = at if at is not None else c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[0]
+                behind = records_between(c, topic, p, start, end) if end > start else 0
+                rows.append(Lag(name, p, at, end, behind))
+            return rows
+
+        return lag("pg", pg) + (lag("graph", graph) if graph is not None else [])
+    finally:
+        c.close()

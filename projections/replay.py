@@ -2,8 +2,10 @@
 live ones at the same offsets, and swap them in on request.
 
 Live and replay are compared at the same log positions: a live snapshot is taken atomically with its
-checkpoints (a REPEATABLE READ transaction in PostgreSQL; under the store lock in the graph process),
-and the replay is run to exactly those checkpoints.
+checkpoints (a REPEATABLE READ transaction in PostgreSQL; in the graph, under the store's lock: the
+graph process's for Ladybug, the lock node every Neo4j write takes first), and the replay is run to
+exactly those checkpoints. Where the replayed graph goes: a `replay.lbug` file beside the live one
+(Ladybug), or the `Replay` namespace of the same Neo4j database (community edition has one).
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from typing import Any
 
 import psycopg
 from taskstream.connectors import kafka as k
-from taskstream.projections.graph import BulkGraphProjection, LadybugStore
+from taskstream.projections.graph import (
+    READ_CHECKPOINTS,
+    REPLAY,
+    SNAPSHOT_EDGES,
+    SNAPSHOT_NODES,
+    BulkGraphProjection,
+    GraphStore,
+    LadybugStore,
+    Neo4jStore,
+)
 from taskstream.projections.lag import graph_checkpoints
 from taskstream.projections.migrate import migrate
 from taskstream.projections.pg import PgProjection
@@ -147,7 +158,7 @@ def swap_pg(settings: Settings) -> str:
     return retired
 
 
-# ---- graph (Ladybug) -------------------------------------------------------------------------------
+# ---- graph ------------------------------------------------------------------------------------------
 
 
 def graph_rows(nodes: list[list[Any]], edges: list[list[Any]], checkpoints: dict[str, int], topic: str) -> Snapshot:
@@ -156,20 +167,38 @@ def graph_rows(nodes: list[list[Any]], edges: list[list[Any]], checkpoints: dict
     return Snapshot(rows, {"graph": graph_checkpoints(checkpoints, topic)})
 
 
-SNAPSHOT_NODES = "MATCH (t:Task) RETURN t.id, t.name, t.tenant, t.submission_id, t.status, t.version ORDER BY t.id"
-SNAPSHOT_EDGES = "MATCH (a:Task)-[:DEPENDS_ON]->(b:Task) RETURN a.id, b.id ORDER BY a.id, b.id"
+def live_graph_snapshot(settings: Settings) -> Snapshot:
+    """The live graph with its checkpoints, read atomically: from the graph process, which owns the
+    Ladybug file, or from Neo4j directly."""
+    if settings.graph_backend == "neo4j":
+        store = Neo4jStore(settings.neo4j_url, settings.neo4j_user, settings.neo4j_password)
+        try:
+            g = store.snapshot()
+        finally:
+            store.close()
+    else:
+        from taskstream.projections.graph_service import GraphClient
+
+        g = GraphClient(settings.graph_url).snapshot()
+    return graph_rows(g["nodes"], g["edges"], g["checkpoints"], settings.topic("events"))
 
 
 def replay_graph_path(settings: Settings) -> Path:
     return settings.state_dir / "graph" / "replay.lbug"
 
 
-def replay_graph(settings: Settings, targets: dict[int, int], progress: Callable[[int], None]) -> Snapshot:
+def _replay_store(settings: Settings) -> GraphStore:
+    if settings.graph_backend == "neo4j":
+        return Neo4jStore(settings.neo4j_url, settings.neo4j_user, settings.neo4j_password, namespace=REPLAY)
     path = replay_graph_path(settings)
     for old in path.parent.glob(path.name + "*"):
         shutil.rmtree(old) if old.is_dir() else old.unlink()
-    store = LadybugStore(path)
-    proj = BulkGraphProjection(store, path.parent / "replay-work")
+    return LadybugStore(path)
+
+
+def replay_graph(settings: Settings, targets: dict[int, int], progress: Callable[[int], None]) -> Snapshot:
+    store = _replay_store(settings)
+    proj = BulkGraphProjection(store)
     consumer = k.consumer(settings, group="taskstream-replay-graph")
     try:
         runner = ProjectionRunner(
@@ -182,12 +211,8 @@ def replay_graph(settings: Settings, targets: dict[int, int], progress: Callable
         )
         runner.catch_up(targets, progress)
         proj.flush()
-        return graph_rows(
-            store.query(SNAPSHOT_NODES),
-            store.query(SNAPSHOT_EDGES),
-            dict(store.query("MATCH (c:ProjectionCheckpoint) RETURN c.id, c.next_offset")),
-            settings.topic("events"),
-        )
+        nodes, edges, cps = store.query_many([SNAPSHOT_NODES, SNAPSHOT_EDGES, READ_CHECKPOINTS])
+        return graph_rows(nodes, edges, {str(c): int(o) for c, o in cps}, settings.topic("events"))
     finally:
         consumer.close()
         store.close()
@@ -197,9 +222,15 @@ def swap_request_path(settings: Settings) -> Path:
     return settings.state_dir / "graph" / "swap-request"
 
 
+def request_graph_swap(settings: Settings) -> None:
+    path = swap_request_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("replay\n")
+
+
 def apply_graph_swap(settings: Settings, live: Path) -> Path | None:
-    """Called by the graph process before it opens its store: if a swap was requested, move the live
-    files aside and the replayed ones in. Returns where the old files went."""
+    """Called by the graph process before it opens its Ladybug store: if a swap was requested, move the
+    live files aside and the replayed ones in. Returns where the old files went."""
     req = swap_request_path(settings)
     if not req.exists():
         return None
@@ -211,3 +242,14 @@ def apply_graph_swap(settings: Settings, live: Path) -> Path | None:
         f.rename(live.with_name(live.name + f.name[len(replay.name) :]))
     req.unlink()
     return retired
+
+
+def apply_neo4j_swap(settings: Settings, store: Neo4jStore) -> bool:
+    """Called by the graph process before it starts projecting into Neo4j: if a swap was requested, the
+    replayed namespace becomes the live one and the live one moves to `Retired`. True if it swapped."""
+    req = swap_request_path(settings)
+    if not req.exists():
+        return False
+    store.swap_in()
+    req.unlink()
+    return True

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from taskstream.connectors.resting import Resting, worth_unassigning
 from taskstream.schemas.codec import Codec, DecodeError
 from taskstream.schemas.records import EventRecord
 
@@ -76,7 +75,8 @@ class ProjectionRunner:
         dlq: tuple[Producer, str] | None = None,
         batch_size: int = 2000,
         on_ready: Callable[[], None] | None = None,
-        idle_backoff: float = 0.1,
+        idle: Any = None,
+        poll_timeout: float = 0.5,
     ) -> None:
         self.projection = projection
         self.consumer = consumer
@@ -90,7 +90,9 @@ class ProjectionRunner:
         self.assigned = threading.Event()
         self.applied = 0
         self.next: dict[int, int] = {}  # partition -> the next offset to read (checkpoints as applied)
-        self.idle_backoff = idle_backoff
+        # what the consumer does while idle (connectors/broker.py::idle): by default, wait in its polls
+        self.idle = idle if idle is not None else _Waiting()
+        self.poll_timeout = poll_timeout
 
     def _assign(self) -> None:
         """Assign every partition at its checkpoint (explicit offsets; the log start where none)."""
@@ -114,7 +116,7 @@ class ProjectionRunner:
         if first is None:
             return 0
         msgs = [first, *self.consumer.consume(self.batch_size - 1, 0)]
-        big = worth_unassigning(msgs)  # then stop fetching while it is applied; resume at `self.next`
+        big = self.idle.big_batch(msgs)  # then stop fetching while it is applied; resume at `self.next`
         if big:
             self.consumer.unassign()
         batch = Batch(self.topic)
@@ -155,10 +157,9 @@ class ProjectionRunner:
         self.assigned.set()
         if self.on_ready:
             self.on_ready()
-        resting = Resting(self.consumer, self.topic, ceiling=self.idle_backoff)
         while not self.stop_event.is_set():
             try:
-                n = self.poll_once(0.05)
+                n = self.poll_once(self.poll_timeout)
             except Exception:
                 # The transaction rolled back; re-seek to the checkpoints and try again after a pause
                 # (backpressure, never skipping).
@@ -167,11 +168,10 @@ class ProjectionRunner:
                 self._assign()
                 continue
             if n:
-                resting.woke()
+                self.idle.woke()
                 continue
-            # Nothing new: stop fetching until a partition has more (connectors/resting.py).
-            resting.rest(self.next, self.stop_event)
-            self._reassign()
+            if self.idle.rest(self.next, self.stop_event):  # stopped fetching until a partition has more
+                self._reassign()
 
     def catch_up(self, until: dict[int, int], progress: Callable[[int], None] | None = None) -> None:
         """Apply everything before `until` (partition -> next offset) from the stored checkpoints, then return."""
@@ -186,3 +186,16 @@ class ProjectionRunner:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+
+class _Waiting:
+    """Idle time spent in the consumer's polls (a broker that holds empty fetches: Kafka)."""
+
+    def rest(self, next_offsets: dict[int, int], stop: threading.Event) -> bool:
+        return False
+
+    def woke(self) -> None:
+        pass
+
+    def big_batch(self, msgs: list[Any]) -> bool:
+        return False

@@ -9,21 +9,15 @@ again, producing the same ids (streams/admission.py), so even a reader that saw 
 converges (every reader deduplicates by event id / version). A batch that accepts many tasks commits its
 decisions first and the tasks in a second transaction, with the offsets (`admit_batch`).
 
-Who owns what (the seed's cluster manager): every worker writes a heartbeat to the `admission-members`
-topic and reads everyone else's. A member silent for `admission_member_timeout_ms` is dead. Each
-partition belongs to the live member with the highest rendezvous hash for it, so a death moves only the
-dead member's partitions and every survivor computes the same answer without a coordinator. Views can
-disagree for a moment; that is harmless because ownership is enforced by the broker, not by the view:
-the transactional id is per partition (`<prefix>-admission-p<N>`), so a new owner's
-`init_transactions` aborts the previous owner's open transaction and fences it, and any later commit by
-the old owner fails. (Consumer-group rebalancing was not used: noida-db never expires the session of a
-SIGKILLed member, measured in docs/measurements.md.)
+Who owns what (the seed's cluster manager) is connectors/ownership.py: on Kafka the consumer-group
+protocol, with one transactional id per partition so a new owner fences the previous one before it
+reads; on noida-db a membership of the workers' own (connectors/noida.py). Either way ownership is
+enforced by the broker (a fenced producer cannot commit), not by anyone's view of the cluster.
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import logging
 import os
@@ -31,14 +25,13 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
-from taskstream.connectors import kafka
+from taskstream.connectors import broker, kafka
 from taskstream.connectors.partitioning import partition_for
-from taskstream.connectors.resting import Resting, worth_unassigning
+from taskstream.connectors.reading import read_to_end
 from taskstream.schemas.codec import Codec, DecodeError
 from taskstream.schemas.records import EventRecord, TasksAdmitted
 from taskstream.streams.admission import Admitted, Decision, LinkIndex, Placement, Send, carry_out, decide_command
@@ -51,8 +44,6 @@ Headers = list[tuple[str, str | bytes | None]]
 FAULT_POINTS = ("before-write", "mid-write", "after-decision", "before-commit", "after-commit")
 BATCH = 200  # commands per transaction at most
 TXN_TIMEOUT_S = 30.0
-IDLE_MAX_S = 0.05  # the longest an idle worker waits before looking for new commands again
-READ_EVERY_S = 0.25  # how often a member reads the others' heartbeats
 PACKED_MAX_BYTES = kafka.MAX_MESSAGE_BYTES // 4  # a TasksAdmitted bigger than this is split
 DECIDED_KEY = b"decided"  # the links topic's record of a batch decided and not yet carried out
 CARRY_OUT_RETRY_S = 2.0  # how long to wait before retrying the tasks of a decided command that failed
@@ -60,136 +51,6 @@ CARRY_OUT_RETRY_S = 2.0  # how long to wait before retrying the tasks of a decid
 
 class CarryOutError(Exception):
     """The tasks of an accepted command could not be made now (its schema is unreachable): retry later."""
-
-
-def rendezvous_owner(members: list[str], partition: int) -> str:
-    """The member that owns `partition` among `members` (highest random weight hashing)."""
-    return max(members, key=lambda m: hashlib.blake2b(f"{m}|{partition}".encode(), digest_size=8).digest())
-
-
-# --------------------------------------------------------------------------------------------------
-# Membership
-
-
-@dataclass
-class MemberView:
-    member: str
-    heard: float  # time.monotonic() when its newest heartbeat was read here
-    beat: dict[str, Any]
-
-
-class Membership:
-    """Heartbeats out, everyone's heartbeats in (a background thread), and who is alive now."""
-
-    def __init__(self, settings: Settings, member: str, state: Any) -> None:
-        self.s = settings
-        self.member = member
-        self.state = state  # callable -> dict merged into each heartbeat
-        self.topic = settings.topic("admission-members")
-        self.timeout = settings.admission_member_timeout_ms / 1000
-        self.lock = threading.Lock()
-        self.views: dict[str, MemberView] = {}
-        self.caught_up = threading.Event()
-        self.stop = threading.Event()
-        self.producer = kafka.producer(settings, **{"linger.ms": 0})
-        self.consumer = kafka.consumer(
-            settings, f"{settings.topic_prefix}-members-{member}-{os.getpid()}", **{"enable.partition.eof": True}
-        )
-        self.next_offset = 0
-        self.started = time.monotonic()
-        self.thread = threading.Thread(target=self._run, name="membership-reader", daemon=True)
-        self.sender = threading.Thread(target=self._send, name="membership-sender", daemon=True)
-
-    def start(self) -> None:
-        low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)
-        self.next_offset = max(low, high - 5000)
-        self._start_high = high
-        self.beat()
-        self.thread.start()
-        self.sender.start()
-
-    def beat(self, leaving: bool = False, flush: bool = False) -> None:
-        value = {
-            "member": self.member,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "at_ms": int(time.time() * 1000),
-            "state": "left" if leaving else "up",
-            **self.state(),
-        }
-        self.producer.produce(self.topic, key=self.member.encode(), value=json.dumps(value).encode(), partition=0)
-        if flush:
-            self.producer.flush(10)
-        else:
-            self.producer.poll(0)
-
-    def _send(self) -> None:
-        interval = self.s.admission_heartbeat_ms / 1000
-        while not self.stop.wait(interval):
-            self.beat()
-
-    def _run(self) -> None:
-        """Read new heartbeats every READ_EVERY_S: assign at the next offset, read to the end, unassign.
-
-        An assigned librdkafka consumer fetches without pause from noida-db (which answers empty fetches
-        at once); pausing between reads lost up to 18 s of heartbeats under load (resume restarts late,
-        and seek-after-resume stalled when the GIL was contended), measured. Unassigned, it fetches
-        nothing; each read costs one fetch round trip."""
-        tp = TopicPartition(self.topic, 0)
-        while not self.stop.is_set():
-            tp.offset = self.next_offset
-            self.consumer.assign([tp])
-            deadline = time.monotonic() + 0.5
-            at_end = False
-            while not at_end and time.monotonic() < deadline:
-                for msg in self.consumer.consume(500, timeout=0.05):
-                    if msg.error():
-                        at_end = at_end or msg.error().code() == KafkaError._PARTITION_EOF
-                        continue
-                    self._heard(msg)
-                    self.next_offset = msg.offset() + 1
-            self.consumer.unassign()
-            if at_end or time.monotonic() - self.started > 5:
-                self.caught_up.set()
-            self.stop.wait(READ_EVERY_S)
-
-    def _heard(self, msg: Message) -> None:
-        try:
-            beat = json.loads(msg.value() or b"{}")
-            member = beat["member"]
-        except (ValueError, KeyError, TypeError):
-            return
-        now = time.monotonic()
-        if not self.caught_up.is_set():  # old heartbeats read at start: age them by their own clock
-            now -= max(0.0, time.time() - beat.get("at_ms", 0) / 1000)
-        with self.lock:
-            self.views[member] = MemberView(member, now, beat)
-
-    def live(self) -> list[str]:
-        now = time.monotonic()
-        with self.lock:
-            alive = {m for m, v in self.views.items() if v.beat.get("state") == "up" and now - v.heard <= self.timeout}
-        return sorted(alive | {self.member})
-
-    def view(self, member: str) -> MemberView | None:
-        with self.lock:
-            return self.views.get(member)
-
-    def ready(self) -> bool:
-        """Has it heard enough to know who else is alive? (At least one timeout's worth of heartbeats.)"""
-        return self.caught_up.is_set() and time.monotonic() - self.started >= min(self.timeout, 2.0)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sender.join(5)
-        self.beat(leaving=True)
-        self.producer.flush(5)
-        self.consumer.close()
-
-
-# --------------------------------------------------------------------------------------------------
-# The worker
 
 
 @dataclass(frozen=True)
@@ -254,17 +115,18 @@ class Admitter:
         self.links_topic = s.topic("admission-links")
         self.topic_names = {k: s.topic(k) for k in ("events", "task-inputs", "dead-letters")}
         self.group = f"{s.topic_prefix}-{kafka.ADMISSION_GROUP_SUFFIX}"
-        self.consumer = kafka.consumer(s, self.group)
-        self.rest = Resting(self.consumer, self.commands, ceiling=IDLE_MAX_S)
-        self.resting = False
         self.owned: dict[int, Owned] = {}
-        self.next_offsets: dict[int, int] = {}  # owned partition -> the next command offset to read
         self.txn_ids: dict[int, str] = {}  # partition -> transactional id this member writes it with
         self.in_flight: InFlight | None = None
         self.stats = Stats()
-        self.members = Membership(s, self.member, self._beat_state)
+        self.ownership = broker.admission_ownership(s, self, self._beat_state)
+        self.consumer = self.ownership.consumer
         self.stopping = threading.Event()
-        self.settled = threading.Event()
+
+    @property
+    def settled(self) -> threading.Event:
+        """Set once it owns its share of the partitions (as the group, or its view of the cluster, says)."""
+        return self.ownership.settled
 
     # -- heartbeat content ----------------------------------------------------------------------
     def _beat_state(self) -> dict[str, Any]:
@@ -281,18 +143,7 @@ class Admitter:
             "takeovers": self.stats.takeovers[-8:],
         }
 
-    # -- ownership ------------------------------------------------------------------------------
-    def rebalance(self) -> None:
-        if not self.members.ready():
-            return
-        live = self.members.live()
-        want = {p for p in range(self.s.partitions) if rendezvous_owner(live, p) == self.member}
-        for p in sorted(set(self.owned) - want):
-            self.release(p, "another member owns it now")
-        for p in sorted(want - set(self.owned)):
-            self.acquire(p, live)
-        self.settled.set()  # owns its share of the partitions as this member sees the cluster
-
+    # -- ownership (called by the ownership: connectors/ownership.py, connectors/noida.py) ---------------
     def _producer(self, txn_id: str) -> Producer:
         prod = kafka.producer(
             self.s,
@@ -306,91 +157,56 @@ class Admitter:
         prod.init_transactions(30)
         return prod
 
-    def _fresh_producer(self, p: int) -> tuple[str, Producer]:
-        """A transactional producer under an id never used before, announced before it writes anything.
-
-        Ids are never reused after an abort: noida-db lists every aborted transaction still in the log in
-        each fetch answer, so a reader fetching after one would skip all later records of the same
-        producer id (measured: committed admissions missing from both projections). Announcing the id
-        (heartbeat, flushed) lets whoever owns the partition next abort its open transaction and fence it.
-        """
-        txn_id = f"{self.s.topic_prefix}-admission-p{p}-{uuid.uuid4().hex[:12]}"
+    def _new_producer(self, p: int) -> Producer:
+        """A producer for partition p under the id the ownership gives; its init_transactions fences
+        whoever wrote under that id before."""
+        txn_id = self.ownership.transactional_id(p)
         self.txn_ids[p] = txn_id
-        self.members.beat(flush=True)
-        return txn_id, self._producer(txn_id)
+        return self._producer(txn_id)
 
-    def _fence_previous(self, p: int) -> list[str]:
-        """Abort and fence every other transactional id any member announced for partition p: a dead or
-        stale owner's open transaction would otherwise hold back read_committed readers forever."""
-        fenced = []
-        with self.members.lock:
-            beats = [v.beat for v in self.members.views.values()]
-        for beat in beats:
-            old = (beat.get("txn") or {}).get(str(p))
-            if old and old != self.txn_ids.get(p):
-                prod = self._producer(old)  # bumps its epoch: aborts its open transaction, fences it
-                prod.flush(5)
-                fenced.append(old)
-        return fenced
-
-    def acquire(self, p: int, live: list[str]) -> None:
-        self._fence_previous(p)
-        _, prod = self._fresh_producer(p)
+    def acquire(self, p: int) -> int:
+        """Take commands partition p: fence earlier owners, load its link index and decided batch, find
+        where its committed commands end. Returns the offset to read from."""
+        self.ownership.fence(p, self._producer)
+        prod = self._new_producer(p)
         index, decided = self._load_links(p)
         committed = self.consumer.committed([TopicPartition(self.commands, p)], timeout=10)[0].offset
-        low, high = self.consumer.get_watermark_offsets(TopicPartition(self.commands, p), timeout=10)
-        start = committed if committed >= 0 else low  # an explicit offset: see _reassign
-        self.next_offsets[p] = start
-        orphaned = max(0, high - max(committed, 0))
-        previous = self._previous_owner(p)
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(self.commands, p), timeout=10, cached=False)
+        start = committed if committed >= 0 else low
+        orphaned = max(0, high - start)
         pending = _pending(decided, start)
         self.owned[p] = Owned(p, prod, index, pending)
         if pending is not None:
             log.warning("commands partition %d: decided up to offset %d, tasks still to write", p, pending.through)
-        self._reassign()
-        self.members.beat()  # say so at once: whoever takes over after a crash knows whom from
-        if previous and previous not in live:
-            seen = self.members.view(previous)
-            silent = time.monotonic() - seen.heard if seen else float("nan")
+        previous = self.ownership.previous_owner(p)
+        self.ownership.beat()  # say so at once: whoever takes over after a crash knows whom from
+        if (previous is not None and not self.ownership.alive(previous)) or (previous is None and orphaned):
+            # its previous owner is gone (or unknown, and left commands uncommitted): a takeover
             self.stats.takeovers.append(
-                {"partition": p, "from": previous, "at_ms": int(time.time() * 1000), "orphaned": orphaned}
+                {"partition": p, "from": previous or "?", "at_ms": int(time.time() * 1000), "orphaned": orphaned}
             )
+            heard = self.ownership.heard_from(previous) if previous else None
+            silent = f" (silent {heard:.1f}s)" if heard is not None else ""
             log.warning(
-                "took over commands partition %d from %s (silent %.1fs): %d command(s) not yet committed",
+                "took over commands partition %d from %s%s: %d command(s) not yet committed, from offset %d",
                 p,
-                previous,
+                previous or "its previous owner",
                 silent,
                 orphaned,
+                start,
             )
         else:
             handed = f" (handed over by {previous})" if previous else ""
             log.info("owns commands partition %d%s from offset %s (%d to decide)", p, handed, start, orphaned)
-
-    def _reassign(self) -> None:
-        """Assign exactly the owned partitions at the next offsets to read.
-
-        Used instead of pause/resume, which on noida-db left a partition paused before its first fetch
-        unread for good and restarted others up to 1.5 s late (docs/measurements.md): an idle consumer
-        is unassigned (it fetches nothing) and reassigned at explicit offsets, which fetches at once."""
-        self.consumer.assign([TopicPartition(self.commands, p, o) for p, o in sorted(self.next_offsets.items())])
-        self.resting = False
-
-    def _previous_owner(self, p: int) -> str | None:
-        with self.members.lock:
-            views = list(self.members.views.values())
-        for v in views:
-            if v.member != self.member and p in (v.beat.get("owned") or []):
-                return v.member
-        return None
+        return start
 
     def release(self, p: int, why: str) -> None:
         owned = self.owned.pop(p, None)
         self.txn_ids.pop(p, None)
         if owned is None:
             return
-        self.next_offsets.pop(p, None)
-        self._reassign()
-        self.members.beat()
+        owned.producer.flush(5)
+        self.ownership.beat()
         log.info("released commands partition %d: %s", p, why)
 
     def _load_links(self, p: int) -> tuple[LinkIndex, Decided | None]:
@@ -398,62 +214,27 @@ class Admitter:
         and the newest batch decided ahead of its tasks."""
         index = LinkIndex()
         decided: Decided | None = None
-        tp = TopicPartition(self.links_topic, p)
-        reader = kafka.consumer(self.s, f"{self.group}-index-{os.getpid()}", **{"enable.partition.eof": True})
-
-        def take(msgs: list[Message]) -> None:
-            nonlocal decided
-            for m in msgs:
+        reader = kafka.consumer(self.s, f"{self.group}-index-{os.getpid()}")
+        try:
+            low, _ = reader.get_watermark_offsets(TopicPartition(self.links_topic, p), timeout=10)
+            for m in read_to_end(reader, self.links_topic, {p: low}, timeout=120):
                 value = m.value()
-                if m.error() or not value:
+                if not value:
                     continue
                 if m.key() == DECIDED_KEY:
                     decided = Decided.from_entry(json.loads(value))
                 else:
                     index.add(json.loads(value))
-
-        try:
-            low, high = reader.get_watermark_offsets(tp, timeout=10)
-            if high <= low:
-                return index, None
-            reader.assign([TopicPartition(self.links_topic, p, low)])
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                msgs = reader.consume(500, timeout=0.5)
-                take(msgs)
-                if any(m.error() and m.error().code() == KafkaError._PARTITION_EOF for m in msgs):
-                    break
-            else:
-                raise RuntimeError(f"could not read the link index of commands partition {p} within 120 s")
         finally:
             reader.close()
         return index, decided
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
-        self.members.start()
+        self.ownership.start()
         try:
-            last_rebalance = 0.0
             while not self.stopping.is_set():
-                now = time.monotonic()
-                if now - last_rebalance >= 0.2:
-                    self.rebalance()
-                    last_rebalance = now
-                if not self.owned:
-                    time.sleep(0.05)
-                    continue
-                if self.resting:  # unassigned while idle (connectors/resting.py); rebalance() keeps running
-                    if not self.rest.behind(self.next_offsets):
-                        self.stopping.wait(self.rest.pause())
-                        continue
-                    self._reassign()
-                msgs = _take(self.consumer, BATCH, timeout=0.05)
-                if not msgs:
-                    self.rest.settle(self.next_offsets)
-                    self.consumer.unassign()
-                    self.resting = True
-                    continue
-                self.rest.woke()
+                msgs = self.ownership.take(BATCH, self.stopping)
                 by_partition: dict[int, list[Message]] = {}
                 for m in msgs:
                     err = m.error()
@@ -462,9 +243,6 @@ class Admitter:
                             log.warning("commands consumer: %s", err)
                         continue
                     by_partition.setdefault(_partition(m), []).append(m)
-                if worth_unassigning(msgs):  # long work ahead: stop fetching meanwhile
-                    self.consumer.unassign()
-                    self.resting = True
                 for p, batch in by_partition.items():
                     if p in self.owned:
                         self.admit_batch(self.owned[p], batch)
@@ -472,10 +250,9 @@ class Admitter:
             self.close()
 
     def close(self) -> None:
+        self.ownership.close()
         for p in list(self.owned):
             self.release(p, "shutting down")
-        self.members.close()
-        self.consumer.close()
 
     # -- one transaction ------------------------------------------------------------------------
     def admit_batch(self, owned: Owned, batch: list[Message]) -> None:
@@ -551,7 +328,7 @@ class Admitter:
             self.in_flight = None
         if owned.decided is not None and not owned.decided.covers(_offset(batch[-1]) + 1):
             owned.decided = None  # everything it covered is committed now
-        self.next_offsets[p] = _offset(batch[-1]) + 1
+        self.ownership.done(p, _offset(batch[-1]) + 1)
         self._fault("after-commit")
         self._tally(counts)
 
@@ -574,9 +351,9 @@ class Admitter:
         p = owned.partition
         if err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
             # Someone else owns the partition now (or the producer is unusable): its transaction was
-            # aborted by the broker; let rebalance() acquire afresh if this member still should own it.
+            # aborted by the broker. The ownership takes it again if this member still should own it.
             log.warning("commands partition %d: transaction fenced (%s); giving it up", p, err.str())
-            self.release(p, "fenced")
+            self.ownership.give_up(p, "fenced")
             return
         self._retry(owned, batch, f"transaction failed ({err.str()})")
 
@@ -588,13 +365,12 @@ class Admitter:
             owned.producer.abort_transaction(TXN_TIMEOUT_S)
         except KafkaException as abort_exc:
             log.warning("abort failed (%s); giving partition %d up", abort_exc, p)
-            self.release(p, "abort failed")
+            self.ownership.give_up(p, "abort failed")
             return
-        owned.producer = self._fresh_producer(p)[1]  # never write again under an id that aborted
+        owned.producer = self._new_producer(p)  # on noida-db under a new id: it hides records after an abort
         owned.index, decided = self._load_links(p)  # forget links added by the aborted transaction ...
         owned.decided = _pending(decided, _offset(batch[0]))  # ... but not decisions committed before it
-        self.next_offsets[p] = _offset(batch[0])
-        self._reassign()
+        self.ownership.seek(p, _offset(batch[0]))
 
     def _admit_one(self, owned: Owned, msg: Message, counts: Stats) -> Admitted | None:
         """Decide one command and write the decision's records; the tasks it admits are the caller's to
@@ -729,15 +505,6 @@ def _decided_after(previous: Decided | None, last: int, carry_out: list[int]) ->
     if previous is None or previous.through <= last:
         return Decided(last, tuple(carry_out))
     return Decided(previous.through, (*carry_out, *(o for o in previous.carry_out if o > last)))
-
-
-def _take(consumer: Any, most: int, timeout: float) -> list[Message]:
-    """Up to `most` records: waits at most `timeout` for the first, then takes what is already there.
-    (consume(n, t) waits the whole t unless n records come: a batch of a few big records would wait.)"""
-    first = consumer.poll(timeout)
-    if first is None:
-        return []
-    return [first, *consumer.consume(most - 1, 0)]
 
 
 def _partition(msg: Message) -> int:

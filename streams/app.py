@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 import faust
-from taskstream.connectors.idle import install_idle_backoff, read_committed_only
+from taskstream.connectors import broker
+from taskstream.connectors.aiokafka_patch import read_committed_only
 from taskstream.connectors.kafka import make_codec
 from taskstream.connectors.services import ready_file
 from taskstream.schemas.codec import DecodeError
@@ -47,6 +48,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         broker_commit_interval=0.5,
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
+        **broker.faust_settings(s),
     )
     raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
     events = app.topic(s.topic("events"), **raw)
@@ -156,7 +158,7 @@ class _Msg:
 
 def run_worker(settings: Settings, index: int) -> None:
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
-    install_idle_backoff(settings.idle_backoff_ms / 1000)
+    broker.install_client_patches(settings)
     read_committed_only()
     app = build_app(settings, index)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)

@@ -65,9 +65,6 @@ class ClaimWaiter:
             self.ready.set()
             while True:
                 batches = await consumer.getmany(timeout_ms=200, max_records=1000)
-                if not batches:
-                    await asyncio.sleep(0.01)  # noida-db answers empty fetches at once
-                    continue
                 for msgs in batches.values():
                     for m in msgs:
                         kind = dict(m.headers or ()).get(EVENT_HEADER)

@@ -588,23 +588,16 @@ def replay(
 
     from taskstream import supervisor as sup
     from taskstream.projections import replay as rp
-    from taskstream.projections.graph_service import GraphClient
 
     s = settings()
     try:
         live_pg = rp.live_pg_snapshot(s.dsn)
     except Exception as exc:
         fail(f"cannot read the live PostgreSQL projection (is the stack up?): {exc}")
-    with_graph = s.graph_backend == "ladybug"
-    live_graph = None
-    if with_graph:
-        try:
-            g = GraphClient(s.graph_url).snapshot()
-        except OSError as exc:
-            fail(f"cannot reach the graph service for its snapshot: {exc}")
-        live_graph = rp.graph_rows(g["nodes"], g["edges"], g["checkpoints"], s.topic("events"))
-    else:
-        err.print("[yellow]the Neo4j graph is not replayed by this version; PostgreSQL only[/]")
+    try:
+        live_graph: rp.Snapshot | None = rp.live_graph_snapshot(s)
+    except Exception as exc:
+        fail(f"cannot read the live graph ({s.graph_backend}) for its snapshot: {exc}")
     total = sum(sum(v.values()) for v in live_pg.checkpoints.values())
     total += sum(live_graph.checkpoints["graph"].values()) if live_graph else 0
     with Progress(
@@ -619,7 +612,8 @@ def replay(
         new_pg = rp.replay_pg(s, live_pg.checkpoints, advance)
         new_graph = None
         if live_graph is not None:
-            progress.update(bar, description="replaying into the graph (replay.lbug)")
+            where = "the Replay labels in Neo4j" if s.graph_backend == "neo4j" else "replay.lbug"
+            progress.update(bar, description=f"replaying into the graph ({where})")
             new_graph = rp.replay_graph(s, live_graph.checkpoints["graph"], advance)
     t = Table(title="replay against live, at the same offsets")
     for col in ("projection", "rows", "live checksum", "replay checksum", "result"):
@@ -648,9 +642,12 @@ def replay(
         _restart(services.get("pg-projector"))
         console.print(f"PostgreSQL: the replayed tables are live; the previous ones are kept in schema {retired}")
         if new_graph is not None:
-            rp.swap_request_path(s).write_text("replay.lbug")
+            rp.request_graph_swap(s)
             _restart(services.get("graph"))
-            console.print("graph: the replayed graph is swapped in as the graph service restarts")
+            where = "the Retired labels" if s.graph_backend == "neo4j" else "a retired-*.lbug file"
+            console.print(
+                f"graph: the replayed graph is swapped in as the graph service restarts (the old one: {where})"
+            )
         if not services:
             err.print("[yellow]no supervisor found: restart the projector and graph processes yourself[/]")
     if problems and verify:

@@ -3,6 +3,7 @@ topic (Confluent wire format, schema from the registry), plus readers of the out
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -11,9 +12,9 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaException, TopicPartition
 
+from taskstream.connectors import broker
 from taskstream.connectors.kafka import consumer, make_codec, producer
 from taskstream.connectors.partitioning import partition_for
-from taskstream.connectors.resting import Resting
 from taskstream.core.submission import Submission, external_dependencies, submission_id_for
 from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import (
@@ -136,19 +137,20 @@ class Client:
             return self._wait_in_postgres(submission_id, timeout, command_id)
         reader, topic, part = self._reader, start.topic, start.partition
         nxt = {part: start.offset}
-        resting = Resting(reader, topic, first=0.002, ceiling=0.05)  # don't spin on the broker meanwhile
+        # on noida-db, rest unassigned between looks instead of spinning on the broker (connectors/noida.py)
+        idle = broker.idle(self.settings, reader, topic, first=0.002, ceiling=0.05)
+        wait = broker.poll_timeout(self.settings)
         deadline = time.monotonic() + timeout
+        stop = threading.Event()
+        reader.assign([TopicPartition(topic, part, nxt[part])])
         try:
             while time.monotonic() < deadline:
-                reader.assign([TopicPartition(topic, part, nxt[part])])
-                msg = reader.poll(0.05)
+                msg = reader.poll(max(0.0, min(wait, deadline - time.monotonic())))
                 if msg is None:
-                    resting.settle(nxt)
-                    reader.unassign()
-                    while time.monotonic() < deadline and not resting.behind(nxt):
-                        time.sleep(resting.pause())
+                    if idle.rest(nxt, _Deadline(stop, deadline)):
+                        reader.assign([TopicPartition(topic, part, nxt[part])])
                     continue
-                resting.woke()
+                idle.woke()
                 if msg.error():
                     continue
                 nxt[part] = msg.offset() + 1
@@ -199,3 +201,17 @@ class Client:
             f"no admission decision for submission {submission_id} within {timeout:.0f}s "
             "(is the stack up? `taskstream status`)"
         )
+
+
+class _Deadline:
+    """A stop event that also fires at a deadline (for an idle wait bounded by the caller's timeout)."""
+
+    def __init__(self, stop: threading.Event, deadline: float) -> None:
+        self.stop, self.deadline = stop, deadline
+
+    def is_set(self) -> bool:
+        return self.stop.is_set() or time.monotonic() >= self.deadline
+
+    def wait(self, seconds: float) -> bool:
+        self.stop.wait(max(0.0, min(seconds, self.deadline - time.monotonic())))
+        return self.is_set()

@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+from taskstream.connectors import broker
 from taskstream.connectors import kafka as k
 from taskstream.connectors.services import ready_file
 from taskstream.settings import Settings
@@ -56,6 +57,8 @@ def _run_projections(settings: Settings, runs: list[tuple[str, str, object, bool
             settings.topic(topic_key),
             settings.partitions,
             dlq=(k.producer(settings), settings.topic("dead-letters")) if decode else None,
+            idle=broker.idle(settings, consumer, settings.topic(topic_key)),
+            poll_timeout=broker.poll_timeout(settings),
         )
         runners.append((runner, consumer, projection))
         threads.append(threading.Thread(target=runner.run, name=f"projection-{name}", daemon=True))
@@ -83,7 +86,7 @@ def graph(settings: Settings) -> None:
     from taskstream.projections.graph_service import open_store, serve_queries
 
     _logging()
-    store = open_store(settings)
+    store = open_store(settings, projector=True)
     health: dict[str, object] = {"backend": settings.graph_backend, "ready": False}
     if settings.graph_backend == "ladybug":
         serve_queries(settings, GraphQueries(store), health)

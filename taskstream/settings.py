@@ -59,11 +59,14 @@ class Settings:
     node_id: str = ""
     lane: str = "default"
     output_tail_bytes: int = 4096
+    # A Faust worker silent this long (its consumer-group session) loses its partitions to the others.
+    worker_session_timeout_ms: int = 6000
     # Admission workers (the submitter cluster, streams/admitter.py).
     admission_workers: int = 2
     admission_heartbeat_ms: int = 500
-    # A member silent this long is taken as dead and its commands partitions are taken over.
-    admission_member_timeout_ms: int = 5000
+    # A member silent this long is taken as dead and its commands partitions are taken over (on Kafka:
+    # its consumer-group session timeout).
+    admission_member_timeout_ms: int = 6000
     # A batch of commands that accepts at least this many tasks commits its decisions first and its
     # tasks in a second transaction (docs/admission.md); 0: every batch that accepts a task does.
     admission_split_tasks: int = 1000
@@ -74,7 +77,7 @@ class Settings:
     admission_fault_file: str = ""
     # How long a dependency on a task of another submission waits for that task to be admitted.
     reference_wait_ms: int = 24 * 3_600_000
-    # How long an idle consumer waits after an empty fetch before the next one (see connectors/idle.py).
+    # noida-db only: how long an idle aiokafka consumer waits after an empty fetch (connectors/noida.py).
     idle_backoff_ms: int = 10
 
     @property

@@ -1,5 +1,13 @@
-"""Fixtures for tests that need the embedded stack: one real stack per session, on free ports, in a
-temporary state directory, started and stopped with the same `taskstream up` / `down` users run."""
+"""Fixtures for tests that need the embedded stack: one real stack per session and engine pair, on free
+ports, in a temporary state directory, started and stopped with the same `taskstream up` / `down` users
+run.
+
+Every stack test runs on the engines the design names, Apache Kafka and Neo4j ("kafka"). Tests marked
+`fallback` (end to end, fuzz, admission crash points, replay) run on noida-db and Ladybug too
+("fallback"), in the same session: pytest groups the tests by engine pair and stops one pair's stack
+before it starts the other's. Where no JVM can run the Kafka/Neo4j tests are skipped with the reason,
+never counted as passed.
+"""
 
 from __future__ import annotations
 
@@ -26,12 +34,46 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def stack_env(state_dir: Path) -> dict[str, str]:
-    ports = {name: free_port() for name in ("KAFKA", "REGISTRY", "POSTGRES", "GRAPH", "WORKER")}
+KINDS = {
+    "kafka": {"TASKSTREAM_BROKER": "kafka", "TASKSTREAM_GRAPH_BACKEND": "neo4j"},
+    "fallback": {"TASKSTREAM_BROKER": "noida", "TASKSTREAM_GRAPH_BACKEND": "ladybug"},
+}
+PORTS = ("KAFKA", "KAFKA_CONTROLLER", "REGISTRY", "POSTGRES", "GRAPH", "WORKER", "NEO4J")
+
+
+def stack_env(state_dir: Path, kind: str = "kafka") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
-    env.update({f"TASKSTREAM_{k}_PORT": str(v) for k, v in ports.items()})
+    env.update({f"TASKSTREAM_{name}_PORT": str(free_port()) for name in PORTS})
     env["TASKSTREAM_STATE_DIR"] = str(state_dir)
+    env.update(KINDS[kind])
     return env
+
+
+_JVM: list[str | None] = []
+
+
+def jvm_problem() -> str | None:
+    """Why Kafka and Neo4j cannot run here, or None (asked once per session)."""
+    if not _JVM:
+        from taskstream.connectors.engines import jvm_problem as probe
+
+        _JVM.append(probe(Settings.from_env({})))
+    return _JVM[0]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Stack tests run on Kafka + Neo4j; those marked `fallback` on noida-db + Ladybug as well."""
+    if "stack_kind" in metafunc.fixturenames:
+        kinds = ["kafka", "fallback"] if metafunc.definition.get_closest_marker("fallback") else ["kafka"]
+        metafunc.parametrize("stack_kind", kinds, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def stack_kind(request: pytest.FixtureRequest) -> str:
+    kind = str(getattr(request, "param", "kafka"))
+    if kind == "kafka" and (why := jvm_problem()):
+        pytest.skip(f"Apache Kafka and Neo4j cannot run here: {why}")
+    return kind
 
 
 def taskstream(
@@ -52,9 +94,16 @@ def taskstream(
 
 
 class Stack:
-    def __init__(self, state_dir: Path) -> None:
-        self.env = stack_env(state_dir)
-        self.settings = Settings.from_env(self.env)
+    def __init__(self, state_dir: Path, kind: str = "kafka") -> None:
+        self.kind = kind
+        self.env = stack_env(state_dir, kind)
+
+    @property
+    def settings(self) -> Settings:
+        """The stack's settings as its CLI sees them (engines chosen, the generated Neo4j password read)."""
+        from taskstream.connectors.engines import choose
+
+        return choose(Settings.from_env(self.env), probe=False).settings
 
     def up(self) -> None:
         taskstream(self.env, "up")
@@ -88,9 +137,38 @@ def running(s: Stack) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running(Stack(tmp_path_factory.mktemp("stack") / "state")) as s:
+def stack(tmp_path_factory: pytest.TempPathFactory, stack_kind: str) -> Iterator[Stack]:
+    with running(Stack(tmp_path_factory.mktemp(f"stack-{stack_kind}") / "state", stack_kind)) as s:
         yield s
+
+
+@contextmanager
+def neo4j_server(home: Path) -> Iterator[tuple[str, str, str]]:
+    """A Neo4j server of its own (the embedded launcher's), for tests of the graph store itself; yields
+    (uri, user, password) and stops it after."""
+    from taskstream.connectors import embedded_neo4j
+
+    s = Settings(state_dir=home, neo4j_port=free_port(), graph_backend="neo4j", neo4j_heap_mb=384)
+    embedded_neo4j.prepare(s)
+    log = (home / "neo4j.log").open("ab")
+    proc = subprocess.Popen(
+        embedded_neo4j.argv(s),
+        env={**os.environ, **embedded_neo4j.env(s)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: proc.poll() is not None or embedded_neo4j.ready(s), 120, "Neo4j to answer")
+        assert proc.poll() is None, (home / "neo4j.log").read_text()[-2000:]
+        yield s.neo4j_url, s.neo4j_user, embedded_neo4j.read_password(s) or ""
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 120, what: str = "condition", every: float = 0.3) -> Any:

@@ -14,13 +14,13 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from taskstream.projections.graph_service import GraphClient
+from taskstream.projections.graph_service import graph_queries
 from taskstream.schemas.records import PrerequisiteEnded, WatchPrerequisite
 
 from taskstream.core.submission import submission_id_for
 from tests.conftest import Stack, wait_until
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.fallback]
 
 
 def task(name: str, code: str, deps: list[str] = (), **extra: Any) -> dict[str, Any]:  # type: ignore[assignment]
@@ -160,7 +160,7 @@ def test_an_outside_program_submits_a_dag_that_runs_in_dependency_order(stack: S
             assert starts[name] >= ends[d]
 
     # the graph holds the same DAG: one node per task, one DEPENDS_ON edge per dependency
-    graph = GraphClient(stack.settings.graph_url)
+    graph = graph_queries(stack.settings)
     expected_edges = sorted(
         (str(done[n]["task_id"]), str(done[d]["task_id"])) for n, deps in DIAMOND.items() for d in deps
     )
@@ -406,5 +406,5 @@ def test_a_large_dag_is_admitted_whole_and_both_projections_show_every_node_and_
         wait_until(projected, 120, "every task in PostgreSQL")
         ids = {str(t) for (t,) in conn.execute("SELECT task_id FROM tasks WHERE submission_id = %s", (sid,))}
     assert ids == set(out.task_ids.values())
-    graph = GraphClient(stack.settings.graph_url)
+    graph = graph_queries(stack.settings)
     wait_until(lambda: graph.counts(sid) == {"nodes": n, "edges": edges}, 120, "every node and edge in the graph")

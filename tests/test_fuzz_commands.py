@@ -23,7 +23,7 @@ from taskstream.core.submission import submission_id_for
 from tests.conftest import Stack, wait_until
 from tests.test_e2e import all_terminal, produce_command, submission_of, task
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.stack, pytest.mark.fallback]
 RUN_ID = uuid.uuid4().hex[:8]
 TOMORROW = int(time.time() * 1000) + 86_400_000
 

@@ -1,11 +1,14 @@
-"""One contract for the graph store, run on every backend present: Ladybug always; Neo4j when
-NEO4J_URI is set (reported as skipped otherwise). Random DAGs are checked against plain Python."""
+"""One contract for the graph store, run on both backends: Ladybug, and Neo4j on a server of its own
+started from the project's jars (skipped, with the reason, only where no JVM can run it). Random DAGs
+are checked against plain Python; the bulk loaders replay uses against the live writers."""
 
 from __future__ import annotations
 
-import os
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,24 +19,38 @@ from taskstream.schemas.records import EventRecord
 
 from taskstream.core import events as e
 from taskstream.core.model import TaskSpec
+from tests.conftest import jvm_problem, neo4j_server
 
 
-def _ladybug(tmp_path_factory: pytest.TempPathFactory) -> LadybugStore:
-    return LadybugStore(tmp_path_factory.mktemp("graph") / "g.lbug")
+@pytest.fixture(scope="module")
+def neo4j(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """A Neo4j server for this module, started only if a Neo4j case runs."""
+    if why := jvm_problem():
+        pytest.skip(f"no Neo4j server can run here: {why}")
+    with neo4j_server(tmp_path_factory.mktemp("neo4j")) as server:
+        yield server
 
 
-def _neo4j(_: pytest.TempPathFactory) -> Neo4jStore:
-    uri = os.environ.get("NEO4J_URI")
-    if not uri:
-        pytest.skip("NEO4J_URI is not set: no Neo4j server to run the contract against")
-    return Neo4jStore(uri, os.environ.get("NEO4J_USER", "neo4j"), os.environ.get("NEO4J_PASSWORD", ""))
+def open_store(request: pytest.FixtureRequest, kind: str, tmp: Path, namespace: str = "") -> Any:
+    """A fresh, empty store of `kind`: its own Ladybug file, or its own namespace in the Neo4j server."""
+    if kind == "ladybug":
+        return LadybugStore(tmp / f"{namespace or 'g'}-{uuid.uuid4().hex[:8]}.lbug")
+    uri, user, password = request.getfixturevalue("neo4j")
+    store = Neo4jStore(uri, user, password, namespace=namespace or f"T{uuid.uuid4().hex[:10]}")
+    store.clear()
+    return store
 
 
-@pytest.fixture(scope="module", params=[_ladybug, _neo4j], ids=["ladybug", "neo4j"])
+@pytest.fixture(scope="module", params=["ladybug", "neo4j"])
 def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    s = request.param(tmp_path_factory)
+    s = open_store(request, request.param, tmp_path_factory.mktemp("graph"))
     yield s
     s.close()
+
+
+@pytest.fixture(params=["ladybug", "neo4j"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def project(
@@ -164,17 +181,14 @@ def test_topological_order_and_cycle_checks_match_python(
             assert y in dag[x], f"{x} does not depend on {y}"
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(random_dags(), st.data())
 def test_bulk_replay_loads_the_same_graph_as_incremental_projection(
-    dag: dict[str, list[str]], data: st.DataObject
+    request: pytest.FixtureRequest, kind: str, dag: dict[str, list[str]], data: st.DataObject
 ) -> None:
-    """Replay's bulk loader (COPY) and the live, MERGE-based writer agree row for row."""
-    import tempfile
-    from pathlib import Path
-
-    from taskstream.projections.graph import BulkGraphProjection
-    from taskstream.projections.replay import SNAPSHOT_EDGES, SNAPSHOT_NODES
+    """Replay's bulk loader (COPY into Ladybug, batched CREATE into Neo4j) and the live, MERGE-based
+    writer agree row for row, and a snapshot reads the same rows and checkpoints."""
+    from taskstream.projections.graph import SNAPSHOT_EDGES, SNAPSHOT_NODES, BulkGraphProjection
 
     sid = "s"
     ids = {n: f"id-{n}" for n in dag}
@@ -190,8 +204,8 @@ def test_bulk_replay_loads_the_same_graph_as_incremental_projection(
     cut = data.draw(st.integers(1, len(recs)))
     batches = [recs[:cut], recs[cut:]]
     with tempfile.TemporaryDirectory() as tmp:
-        live, bulk = LadybugStore(Path(tmp) / "live.lbug"), LadybugStore(Path(tmp) / "bulk.lbug")
-        inc, blk = GraphProjection(live), BulkGraphProjection(bulk, Path(tmp) / "work")
+        live, bulk = open_store(request, kind, Path(tmp), "Inc"), open_store(request, kind, Path(tmp), "Blk")
+        inc, blk = GraphProjection(live), BulkGraphProjection(bulk)
         offset = 0
         for b in batches:
             items = [Item(0, offset + i, 0, rec) for i, rec in enumerate(b)]
@@ -203,6 +217,8 @@ def test_bulk_replay_loads_the_same_graph_as_incremental_projection(
             assert live.query(q) == bulk.query(q)
         assert inc.checkpoints("events") == blk.checkpoints("events") == {0: len(recs)}
         assert GraphProjection(bulk).checkpoints("events") == {0: len(recs)}
+        assert live.snapshot() == bulk.snapshot()
+        assert len(live.snapshot()["nodes"]) == len(dag) + 2  # with "orphan" and its bare prerequisite
         live.close()
         bulk.close()
 
@@ -215,11 +231,9 @@ def test_packed_admissions_bulk_loaded_give_the_graph_their_events_merged_give(
     """The live writer COPYs tasks new to the graph (LadybugStore._bulk_load) from packed admissions
     split over batches in any way; MERGEing the unpacked events one row at a time must give the same."""
     import random
-    import tempfile
-    from pathlib import Path
 
     from taskstream.projections import graph
-    from taskstream.projections.replay import SNAPSHOT_EDGES, SNAPSHOT_NODES
+    from taskstream.projections.graph import SNAPSHOT_EDGES, SNAPSHOT_NODES
     from taskstream.schemas.records import AdmittedTask, TasksAdmitted, task_events
 
     rng = random.Random(seed)
@@ -260,3 +274,31 @@ def test_packed_admissions_bulk_loaded_give_the_graph_their_events_merged_give(
         assert len(bulk.query(SNAPSHOT_EDGES)) == sum(len(d) for d in deps.values())
         bulk.close()
         merged.close()
+
+
+def test_neo4j_swap_makes_the_replayed_namespace_live_and_keeps_the_old_one(request: pytest.FixtureRequest) -> None:
+    """Replay builds beside the live graph (community Neo4j has one database); --swap moves labels."""
+    from taskstream.projections.graph import LIVE, REPLAY, RETIRED
+
+    uri, user, password = request.getfixturevalue("neo4j")
+    live, replay = Neo4jStore(uri, user, password, namespace=LIVE), Neo4jStore(uri, user, password, namespace=REPLAY)
+    try:
+        for ns in (LIVE, REPLAY, RETIRED):
+            live.clear(ns)
+        sid_old, ids_old, _ = project(live, {"a": [], "b": ["a"]})
+        old = live.snapshot()
+        nodes = [{"id": "r1", "name": "r1", "tenant": "t", "submission_id": "s", "status": "SUCCEEDED", "version": 9}]
+        nodes.append({"id": "r2", "name": "r2", "tenant": "t", "submission_id": "s", "status": "READY", "version": 3})
+        replay.bulk_load(nodes, [("r2", "r1")], [{"id": "graph:events/0", "next_offset": 42}])
+        rebuilt = replay.snapshot()
+        assert live.snapshot() == old  # building the replay beside it left the live graph alone
+        live.swap_in()
+        assert live.snapshot() == rebuilt
+        assert replay.snapshot() == {"nodes": [], "edges": [], "checkpoints": {}}
+        retired = Neo4jStore(uri, user, password, namespace=RETIRED)
+        assert retired.snapshot() == old
+        assert GraphQueries(live).needs("r2") == ["r1"] and GraphQueries(retired).nodes(sid_old)
+        retired.close()
+    finally:
+        live.close()
+        replay.close()

@@ -87,6 +87,19 @@ def admission_ends(  # type: ignore[no-untyped-def]
     return ends
 
 
+def measure_decision(settings, tasks: int, seed: int) -> float:  # type: ignore[no-untyped-def]
+    """Submit a random DAG; the seconds from the SDK's first byte to its decision, read committed."""
+    from taskstream.sdk import Client
+
+    with Client(settings, issuer="bench") as client:
+        start = time.perf_counter()
+        cid, sid = client.submit(random_dag(tasks, seed))
+        out = client.wait_outcome(sid, 120, command_id=cid)
+        took = time.perf_counter() - start
+    assert out.accepted, out
+    return took
+
+
 def measure(settings, args, seq: int):  # type: ignore[no-untyped-def]
     """One submission of a random DAG: the seconds to each milestone, from the SDK's first byte."""
     from confluent_kafka import TopicPartition

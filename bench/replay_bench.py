@@ -3,10 +3,12 @@
 Starts its own embedded stack in a temporary state directory, writes a synthetic but realistic history
 (submissions of 10-task chains, each task going submitted -> admitted -> ready -> queued -> claimed ->
 started -> succeeded, one in ten failing once and retrying) to a bench topic, then rebuilds the
-PostgreSQL and graph projections from offset 0, each in its own process, as `taskstream replay` does.
-Prints the figures and writes bench/results/replay.json.
+PostgreSQL and graph projections from offset 0, each in its own process, as `taskstream replay` does
+(the graph into the Replay labels of Neo4j, or a fresh Ladybug file). Repeated --runs times per engine
+pair (Apache Kafka + Neo4j, and the noida-db + Ladybug fallback) on the same history; writes the median
+and range, and the peak RSS of every process (the JVMs included), to bench/results/replay-<pair>.json.
 
-    python bench/replay_bench.py [--events 1000000]
+    python bench/replay_bench.py [--engines kafka|fallback|both] [--runs 3] [--events 1000000]
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from _stack import embedded_stack, write_report
+from _stack import embedded_stack, kinds, rss_mib, services, settings_of, summary, when, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "replay.json"
+RESULTS = ROOT / "bench" / "results"
 
 
 def history(n_events: int):  # type: ignore[no-untyped-def]
@@ -134,52 +136,62 @@ def _run(kind: str, settings, targets, out) -> None:  # type: ignore[no-untyped-
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--engines", choices=("kafka", "fallback", "both"), default="both")
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--events", type=int, default=1_000_000)
     args = ap.parse_args()
-    from taskstream.projections.lag import log_ends
+    from taskstream.connectors.kafka import consumer
+    from taskstream.connectors.reading import end_offsets
 
-    from taskstream.settings import Settings
-
-    with embedded_stack() as env:
-        # The bench history goes to its own topics, so the stack's live projectors leave it alone.
-        settings = replace(Settings.from_env(env), topic_prefix="bench")
-        print(f"producing {args.events:,} events …", flush=True)
-        produce_s = produce(settings, args.events)
-        ends = log_ends(settings, settings.topic("events"))
-        total = sum(ends.values())
-        print(f"  {total:,} events in {produce_s:.1f}s ({total / produce_s:,.0f}/s)")
-        print("replaying into PostgreSQL and the graph, one process each …", flush=True)
-        out: mp.Queue = mp.get_context("spawn").Queue()
-        ctx = mp.get_context("spawn")
-        start = time.perf_counter()
-        procs = [ctx.Process(target=_run, args=(k, settings, ends, out)) for k in ("pg", "graph")]
-        for p in procs:
-            p.start()
-        results = {r["kind"]: r for r in (out.get() for _ in procs)}
-        for p in procs:
-            p.join()
-        wall = time.perf_counter() - start
-    report = {
-        "benchmark": "replay from offset 0 into both projections",
-        "events": total,
-        "wall_seconds": round(wall, 2),
-        "events_per_second": round(total / wall),
-        "postgres": {
-            "seconds": round(results["pg"]["seconds"], 2),
-            "peak_rss_mib": round(results["pg"]["peak_rss_mib"]),
-        },
-        "graph": {
-            "seconds": round(results["graph"]["seconds"], 2),
-            "peak_rss_mib": round(results["graph"]["peak_rss_mib"]),
-        },
-        "peak_rss_mib_max": round(max(r["peak_rss_mib"] for r in results.values())),
-        "peak_rss_mib_sum_of_both_processes": round(sum(r["peak_rss_mib"] for r in results.values())),
-        "produce_seconds": round(produce_s, 2),
-        "aim": "under 60 s and under 1 GiB",
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    write_report(RESULTS, report)
+    for kind in kinds(args.engines):
+        with embedded_stack(kind) as env:
+            # The bench history goes to its own topics, so the stack's live projectors leave it alone.
+            settings = replace(settings_of(env), topic_prefix="bench")
+            print(f"[{kind}] producing {args.events:,} events …", flush=True)
+            produce_s = produce(settings, args.events)
+            c = consumer(settings, "bench-replay-ends")
+            ends = end_offsets(c, settings.topic("events"), list(range(settings.partitions)))
+            c.close()
+            total = sum(ends.values())
+            print(f"  {total:,} events in {produce_s:.1f}s ({total / produce_s:,.0f}/s)")
+            runs = []
+            for i in range(args.runs):
+                print(f"[{kind}] run {i + 1}: replaying into PostgreSQL and the graph, one process each …", flush=True)
+                out: mp.Queue = mp.get_context("spawn").Queue()
+                ctx = mp.get_context("spawn")
+                start = time.perf_counter()
+                procs = [ctx.Process(target=_run, args=(k, settings, ends, out)) for k in ("pg", "graph")]
+                for p in procs:
+                    p.start()
+                results = {r["kind"]: r for r in (out.get() for _ in procs)}
+                for p in procs:
+                    p.join()
+                runs.append({"wall": time.perf_counter() - start, **results})
+                pg_s, graph_s = results["pg"]["seconds"], results["graph"]["seconds"]
+                print(f"  {runs[-1]['wall']:.1f}s (pg {pg_s:.1f}s, graph {graph_s:.1f}s)")
+            jvms = {n: round(rss_mib(pid, peak=True)) for n, pid in services(env).items() if n in ("broker", "neo4j")}
+        report = {
+            "benchmark": "replay from offset 0 into both projections",
+            "engines": kind,
+            "broker": settings.broker,
+            "graph": settings.graph_backend,
+            "events": total,
+            "runs": args.runs,
+            "wall_seconds": summary([r["wall"] for r in runs]),
+            "events_per_second_median": round(total / summary([r["wall"] for r in runs])["median"]),
+            "postgres_seconds": summary([r["pg"]["seconds"] for r in runs]),
+            "graph_seconds": summary([r["graph"]["seconds"] for r in runs]),
+            "peak_rss_mib": {
+                "postgres_replay_process": round(max(r["pg"]["peak_rss_mib"] for r in runs)),
+                "graph_replay_process": round(max(r["graph"]["peak_rss_mib"] for r in runs)),
+                **{f"{n} (JVM, peak over the whole run)": v for n, v in jvms.items()},
+            },
+            "produce_seconds": round(produce_s, 2),
+            "aim": "under 60 s and under 1 GiB per replay process",
+            "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+            "when": when(),
+        }
+        write_report(RESULTS / f"replay-{kind}.json", report)
     return 0
 
 

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,10 +46,11 @@ class Engine:
     name: str  # the folder under connectors/jvm/
     label: str  # for people: "Apache Kafka 4.1.1"
     version: str
+    pom: Path = Path()  # default: connectors/jvm/<name>/pom.xml
 
-    @property
-    def pom(self) -> Path:
-        return JVM_DIR / self.name / "pom.xml"
+    def __post_init__(self) -> None:
+        if self.pom == Path():
+            object.__setattr__(self, "pom", JVM_DIR / self.name / "pom.xml")
 
 
 def _pom_version(name: str, prop: str) -> str:
@@ -172,6 +174,7 @@ def _run_maven(argv: list[str], engine: Engine, progress: Progress | None) -> li
     """Run Maven, reporting downloads as they happen; the lines it printed. Raises on failure."""
     downloaded = 0
     lines: list[str] = []
+    started = time.monotonic()
     if progress:
         progress(f"resolving {engine.label} from Maven Central (first start; later ones use the cache)")
     try:
@@ -194,6 +197,9 @@ def _run_maven(argv: list[str], engine: Engine, progress: Progress | None) -> li
         raise JvmError(f"Maven did not resolve {engine.label} within {MAVEN_TIMEOUT_S:.0f}s") from exc
     if code != 0:
         raise JvmError(f"Maven could not resolve {engine.label}: {_maven_error(lines)}")
+    if progress:
+        took = time.monotonic() - started
+        progress(f"resolved {engine.label} in {took:.0f}s ({downloaded} file(s) downloaded)")
     return lines
 
 

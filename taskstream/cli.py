@@ -79,7 +79,7 @@ def up(timeout: Annotated[float, typer.Option(help="seconds to wait for every se
     try:
         engines.check_record(s)
         with console.status("checking the JVM engines…") as spinner:
-            engines.prepare_jvm(s, lambda line: spinner.update(escape(line)))
+            engines.prepare_jvm(s, _progress(spinner))
         specs = sv.embedded_specs(s)
     except (sv.ServiceError, JvmError, engines.EngineError) as exc:
         fail(str(exc))
@@ -122,6 +122,22 @@ def up(timeout: Annotated[float, typer.Option(help="seconds to wait for every se
             proc.send_signal(signal.SIGTERM)
             fail(f"not ready within {timeout:.0f}s; logs in {sv.log_dir(s)}")
     _print_services(s)
+
+
+def _progress(spinner: Any) -> Any:
+    """Where jar resolution reports: the spinner on a terminal; elsewhere (CI logs, pipes) plain lines,
+    the first, every 25th download and the last."""
+    if console.is_terminal:
+        return lambda line: spinner.update(escape(line))
+    shown = [0]
+
+    def line(text: str) -> None:
+        n = int(text.rsplit(": ", 1)[-1].split()[0]) if text.endswith("downloaded") and ": " in text else 0
+        if n == 0 or n - shown[0] >= 25:
+            shown[0] = n
+            console.print(escape(text))
+
+    return line
 
 
 def _print_services(s: Settings) -> None:

@@ -65,14 +65,24 @@ def test_status_shows_counts_and_one_task(stack: Stack) -> None:
     assert "hello" in one and "SUCCEEDED" in one and "hello, taskstream" in one
 
 
-def test_up_names_a_taken_port(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("port", "what"),
+    [
+        ("KAFKA", "Kafka broker"),
+        ("KAFKA_CONTROLLER", "Kafka controller"),
+        ("NEO4J", "Neo4j Bolt"),
+        ("POSTGRES", "PostgreSQL"),
+    ],
+)
+def test_up_names_a_taken_port(tmp_path, port: str, what: str) -> None:  # type: ignore[no-untyped-def]
     env = stack_env(tmp_path / "state")
     with socket.socket() as s:
-        s.bind(("127.0.0.1", int(env["TASKSTREAM_KAFKA_PORT"])))
+        s.bind(("127.0.0.1", int(env[f"TASKSTREAM_{port}_PORT"])))
         s.listen()
-        out = taskstream(env, "up", check=False, timeout=60)
+        out = taskstream(env, "up", check=False, timeout=120)
     assert out.returncode == 1
-    assert f"port {env['TASKSTREAM_KAFKA_PORT']} on 127.0.0.1 (Kafka broker) is taken" in out.stderr
+    assert f"port {env[f'TASKSTREAM_{port}_PORT']} on 127.0.0.1 ({what}) is taken" in " ".join(out.stderr.split())
+    assert len(out.stderr.strip().splitlines()) <= 2  # one line (rich may wrap it)
     assert not (tmp_path / "state" / "run" / "supervisor.json").exists()
 
 

@@ -42,6 +42,16 @@ SET_NODES = (
     "t.version = CASE WHEN coalesce(t.version, 0) < r.version THEN r.version ELSE t.version END"
 )
 UPSERT_EDGES = "UNWIND $rows AS r MERGE (a:Task {id: r.src}) MERGE (b:Task {id: r.dst}) MERGE (a)-[:DEPENDS_ON]->(b)"
+# For what cannot exist yet (plan_bulk): nodes, and edges [dependent, prerequisite] of just-created nodes.
+CREATE_NODES = (
+    "UNWIND $rows AS r CREATE (t:Task {id: r.id}) SET t.name = r.name, t.tenant = r.tenant, "
+    "t.submission_id = r.submission_id, t.status = r.status, t.version = r.version"
+)
+CREATE_BARE = "UNWIND $ids AS i CREATE (:Task {id: i})"
+# rows: [dependent, [prerequisites]], every node there already (created just before if need be)
+CREATE_EDGES = (
+    "UNWIND $rows AS r MATCH (a:Task {id: r[0]}) UNWIND r[1] AS d MATCH (b:Task {id: d}) CREATE (a)-[:DEPENDS_ON]->(b)"
+)
 SET_STATUS = (
     "UNWIND $rows AS r MATCH (t:Task {id: r.id}) WHERE coalesce(t.version, 0) < r.version "
     "SET t.status = r.status, t.version = r.version"
@@ -150,6 +160,54 @@ def graph_writes(records: Iterable[r.EventRecord]) -> GraphWrites:
     return GraphWrites(nodes, edges, list(statuses.values()))
 
 
+EXISTING_NODES = "UNWIND $ids AS i MATCH (t:Task {id: i}) RETURN t.id, t.version"
+
+
+@dataclass
+class BulkPlan:
+    """How a large batch is written: what cannot exist yet is created outright (COPY into Ladybug,
+    CREATE in Neo4j); what may exist is merged. A task's edges are only ever written with its node's
+    first version, so the edges of a task whose node is missing or bare (version NULL) cannot exist."""
+
+    fresh: list[dict[str, Any]]  # nodes not in the graph, with any newer status of this batch folded in
+    missing_prerequisites: list[str]  # edge targets not in the graph and not in this batch: bare nodes
+    bare_before: list[dict[str, Any]]  # nodes an earlier batch's edges made bare: set their fields
+    new_edges: list[tuple[str, str]]  # edges of tasks whose first version this is (deduplicated)
+    merge_nodes: list[dict[str, Any]]
+    merge_edges: list[dict[str, Any]]
+    statuses: list[dict[str, Any]]
+
+
+def wanted_ids(w: GraphWrites) -> set[str]:
+    """The node ids whose presence (and version) a bulk plan needs to know."""
+    return {n["id"] for n in w.nodes} | {e_["dst"] for e_ in w.edges}
+
+
+def plan_bulk(w: GraphWrites, existing: dict[str, int | None]) -> BulkPlan:
+    """Pure: split a batch's writes, given which of `wanted_ids(w)` exist (id -> version, None if bare)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for n in w.nodes:
+        if n["id"] not in latest or latest[n["id"]]["version"] < n["version"]:
+            latest[n["id"]] = n
+    first = {i for i in latest if existing.get(i) is None}  # first version of these tasks' nodes
+    statuses = []
+    for st in w.statuses:  # a status for a node being created goes into its row
+        node = latest.get(st["id"])
+        if node is not None and node["id"] not in existing and node["version"] < st["version"]:
+            latest[node["id"]] = {**node, "status": st["status"], "version": st["version"]}
+        else:
+            statuses.append(st)
+    return BulkPlan(
+        fresh=[latest[i] for i in latest if i not in existing],
+        missing_prerequisites=sorted({e_["dst"] for e_ in w.edges} - existing.keys() - latest.keys()),
+        bare_before=[latest[i] for i in latest if i in existing and existing[i] is None],
+        new_edges=sorted({(e_["src"], e_["dst"]) for e_ in w.edges if e_["src"] in first}),
+        merge_nodes=[latest[i] for i in latest if existing.get(i) is not None],
+        merge_edges=[e_ for e_ in w.edges if e_["src"] not in first],
+        statuses=statuses,
+    )
+
+
 class GraphStore(Protocol):
     dialect: str
 
@@ -221,49 +279,28 @@ class LadybugStore:
         """COPY the nodes and edges that cannot exist yet; return the rows still to MERGE or SET."""
         if len(w.nodes) < BULK_MIN_NODES:
             return w.nodes, w.edges, w.statuses
-        latest: dict[str, dict[str, Any]] = {}
-        for n in w.nodes:
-            if n["id"] not in latest or latest[n["id"]]["version"] < n["version"]:
-                latest[n["id"]] = n
-        wanted = list(latest.keys() | {e_["dst"] for e_ in w.edges})
-        found = self.conn.execute(
-            "UNWIND $ids AS i MATCH (t:Task {id: i}) RETURN t.id, t.version", {"ids": wanted}
-        ).get_all()  # type: ignore[union-attr]
-        existing = {i: v for i, v in found}
-        first = {i for i in latest if existing.get(i) is None}  # first version of these tasks' nodes
-        fresh = [latest[i] for i in latest if i not in existing]
-        statuses = []
-        for st in w.statuses:  # a status for a node being created goes into its row
-            node = latest.get(st["id"])
-            if node is not None and node["id"] not in existing and node["version"] < st["version"]:
-                latest[node["id"]] = {**node, "status": st["status"], "version": st["version"]}
-            else:
-                statuses.append(st)
-        fresh = [latest[n["id"]] for n in fresh]
-        bare = [{"id": i} for i in wanted if i not in existing and i not in latest]
-        copy_edges = sorted({(e_["src"], e_["dst"]) for e_ in w.edges if e_["src"] in first})
+        found = self.conn.execute(EXISTING_NODES, {"ids": sorted(wanted_ids(w))}).get_all()  # type: ignore[union-attr]
+        plan = plan_bulk(w, {str(i): (None if v is None else int(v)) for i, v in found})
+        bare = [{"id": i} for i in plan.missing_prerequisites]
         self.copy_dir.mkdir(parents=True, exist_ok=True)
         files = []
         try:
-            if fresh or bare:
+            if plan.fresh or bare:
                 files.append(self.copy_dir / f"nodes-{uuid.uuid4().hex}.csv")
                 with files[-1].open("w", newline="") as f:
-                    csv.writer(f).writerows([n.get(c) for c in NODE_COLS] for n in fresh + bare)
+                    csv.writer(f).writerows([n.get(c) for c in NODE_COLS] for n in plan.fresh + bare)
                 self.conn.execute(f"COPY Task FROM '{files[-1]}' (HEADER=false)")
-            if copy_edges:
+            if plan.new_edges:
                 files.append(self.copy_dir / f"edges-{uuid.uuid4().hex}.csv")
                 with files[-1].open("w", newline="") as f:
-                    csv.writer(f).writerows(copy_edges)
+                    csv.writer(f).writerows(plan.new_edges)
                 self.conn.execute(f"COPY DEPENDS_ON FROM '{files[-1]}' (HEADER=false)")
         finally:
             for path in files:
                 path.unlink(missing_ok=True)
-        bare_before = [latest[i] for i in latest if i in existing and existing[i] is None]
-        if bare_before:  # nodes made bare by an earlier batch's edges: MATCH is 2x faster than MERGE here
-            self.conn.execute(SET_NODES, {"rows": bare_before})
-        merge_nodes = [latest[i] for i in latest if existing.get(i) is not None]
-        merge_edges = [e_ for e_ in w.edges if e_["src"] not in first]
-        return merge_nodes, merge_edges, statuses
+        if plan.bare_before:  # nodes made bare by an earlier batch's edges: MATCH is 2x faster than MERGE here
+            self.conn.execute(SET_NODES, {"rows": plan.bare_before})
+        return plan.merge_nodes, plan.merge_edges, plan.statuses
 
     def query(self, cypher: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
         return self.query_many([cypher], params)[0]
@@ -329,7 +366,10 @@ class Neo4jStore:
     def __init__(self, uri: str, user: str, password: str, database: str | None = None, namespace: str = "") -> None:
         import neo4j
 
-        self.driver = neo4j.GraphDatabase.driver(uri, auth=(user, password) if password else None)
+        # notifications off: a warning per query about a property no node has yet (empty graph) says nothing
+        self.driver = neo4j.GraphDatabase.driver(
+            uri, auth=(user, password) if password else None, notifications_min_severity="OFF"
+        )
         self.database = database
         self.namespace = namespace
         self.driver.verify_connectivity()
@@ -354,12 +394,34 @@ class Neo4jStore:
         t.run(self._q("MERGE (l:ProjectionLock {id: 'graph'}) SET l.at = timestamp()")).consume()
 
     def write(self, w: GraphWrites, checkpoints: list[dict[str, Any]]) -> None:
+        """One transaction. A large batch's tasks new to the graph are CREATEd with their edges (the
+        plan of `plan_bulk`), the rest MERGEd. 10,000 tasks with 30,000 edges, warm, on an idle
+        server: 2.1-2.3 s merged, 1.6 s so; edges sent per dependent and MATCHed, ~20% less CPU again
+        (measured). A cold server (JIT) takes 2-3x that for its first few large batches."""
+
         def tx(t: Any) -> None:
             self._lock(t)
+            nodes, edges, statuses = w.nodes, w.edges, w.statuses
+            if len(w.nodes) >= BULK_MIN_NODES:
+                found = t.run(self._q(EXISTING_NODES), ids=sorted(wanted_ids(w))).values()
+                plan = plan_bulk(w, {i: v for i, v in found})
+                grouped: dict[str, list[str]] = {}
+                for src, dst in plan.new_edges:
+                    grouped.setdefault(src, []).append(dst)
+                if plan.missing_prerequisites:
+                    t.run(self._q(CREATE_BARE), ids=plan.missing_prerequisites).consume()
+                for cypher, rows in (
+                    (CREATE_NODES, plan.fresh),
+                    (SET_NODES, plan.bare_before),
+                    (CREATE_EDGES, [[src, dsts] for src, dsts in grouped.items()]),
+                ):
+                    if rows:
+                        t.run(self._q(cypher), rows=rows).consume()
+                nodes, edges, statuses = plan.merge_nodes, plan.merge_edges, plan.statuses
             for cypher, rows in (
-                (UPSERT_NODES, w.nodes),
-                (UPSERT_EDGES, w.edges),
-                (SET_STATUS, w.statuses),
+                (UPSERT_NODES, nodes),
+                (UPSERT_EDGES, edges),
+                (SET_STATUS, statuses),
                 (SAVE_CHECKPOINTS, checkpoints),
             ):
                 if rows:
@@ -367,6 +429,13 @@ class Neo4jStore:
 
         with self.driver.session(database=self.database) as s:
             s.execute_write(tx)
+
+    def warm_up(self) -> None:
+        """Plan the writer's statements once, on no rows, so the first real batch does not pay for it."""
+        statements = (EXISTING_NODES, CREATE_BARE, CREATE_NODES, SET_NODES, CREATE_EDGES, UPSERT_NODES, UPSERT_EDGES)
+        for cypher in (*statements, SET_STATUS):
+            param = "ids" if cypher in (EXISTING_NODES, CREATE_BARE) else "rows"
+            self.driver.execute_query(self._q(cypher), {param: []}, database_=self.database)
 
     def query(self, cypher: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
         records, _, _ = self.driver.execute_query(self._q(cypher), params or {}, database_=self.database)
@@ -402,15 +471,11 @@ class Neo4jStore:
         """CREATE in batches of NEO4J_BATCH rows (the graph is empty: nothing to MERGE against); the
         checkpoints last, so a load cut short is never taken for a complete one."""
         self.clear()
-        self._each_batch(
-            "UNWIND $rows AS r CREATE (t:Task {id: r.id}) SET t.name = r.name, t.tenant = r.tenant, "
-            "t.submission_id = r.submission_id, t.status = r.status, t.version = r.version",
-            [{c: n.get(c) for c in NODE_COLS} for n in nodes],
-        )
-        self._each_batch(
-            "UNWIND $rows AS r MATCH (a:Task {id: r[0]}) MATCH (b:Task {id: r[1]}) CREATE (a)-[:DEPENDS_ON]->(b)",
-            [list(e_) for e_ in edges],
-        )
+        self._each_batch(CREATE_NODES, [{c: n.get(c) for c in NODE_COLS} for n in nodes])
+        grouped: dict[str, list[str]] = {}
+        for src, dst in edges:
+            grouped.setdefault(src, []).append(dst)
+        self._each_batch(CREATE_EDGES, [[src, dsts] for src, dsts in grouped.items()])
         self._each_batch(SAVE_CHECKPOINTS, checkpoints)
 
     def _until_none(self, cypher: str, namespace: str | None = None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -19,6 +20,7 @@ from taskstream.schemas.codec import Codec, DecodeError
 from taskstream.schemas.records import EventRecord
 
 log = logging.getLogger(__name__)
+SLOW_BATCH_S = 0.5  # a batch that takes longer is logged with where its time went
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,7 @@ class ProjectionRunner:
         first = self.consumer.poll(timeout)
         if first is None:
             return 0
+        t0 = time.monotonic()
         msgs = [first, *self.consumer.consume(self.batch_size - 1, 0)]
         big = self.idle.big_batch(msgs)  # then stop fetching while it is applied; resume at `self.next`
         if big:
@@ -145,9 +148,20 @@ class ProjectionRunner:
         if self.dlq:
             self.dlq[0].flush(10)  # dead letters are durable before the checkpoint moves past them
         if batch.next_offsets:
+            t1 = time.monotonic()
             self.projection.apply(batch)
             self.applied += len(batch.items)
             self.next.update(batch.next_offsets)
+            t2 = time.monotonic()
+            if t2 - t0 > SLOW_BATCH_S:
+                log.info(
+                    "%s: %d record(s) in %.2fs (read and decode %.2fs, apply %.2fs)",
+                    self.projection.name,
+                    len(msgs),
+                    t2 - t0,
+                    t1 - t0,
+                    t2 - t1,
+                )
         if big:
             self._reassign()
         return len(batch.items)

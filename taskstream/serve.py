@@ -82,11 +82,13 @@ def _run_projections(settings: Settings, runs: list[tuple[str, str, object, bool
 
 
 def graph(settings: Settings) -> None:
-    from taskstream.projections.graph import GraphProjection, GraphQueries
+    from taskstream.projections.graph import GraphProjection, GraphQueries, Neo4jStore
     from taskstream.projections.graph_service import open_store, serve_queries
 
     _logging()
     store = open_store(settings, projector=True)
+    if isinstance(store, Neo4jStore):
+        store.warm_up()
     health: dict[str, object] = {"backend": settings.graph_backend, "ready": False}
     if settings.graph_backend == "ladybug":
         serve_queries(settings, GraphQueries(store), health)

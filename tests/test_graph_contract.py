@@ -226,10 +226,11 @@ def test_bulk_replay_loads_the_same_graph_as_incremental_projection(
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(30, 150), seed=st.integers(0, 2**32), data=st.data())
 def test_packed_admissions_bulk_loaded_give_the_graph_their_events_merged_give(
-    n: int, seed: int, data: st.DataObject, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, kind: str, n: int, seed: int, data: st.DataObject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The live writer COPYs tasks new to the graph (LadybugStore._bulk_load) from packed admissions
-    split over batches in any way; MERGEing the unpacked events one row at a time must give the same."""
+    """The live writer creates tasks new to the graph outright (COPY into Ladybug, CREATE in Neo4j:
+    plan_bulk) from packed admissions split over batches in any way; MERGEing the unpacked events one
+    row at a time must give the same graph."""
     import random
 
     from taskstream.projections import graph
@@ -254,7 +255,7 @@ def test_packed_admissions_bulk_loaded_give_the_graph_their_events_merged_give(
     cut = data.draw(st.integers(1, len(packed)))
     batches = [packed[:cut], packed[cut:] + later]
     with tempfile.TemporaryDirectory() as tmp:
-        bulk, merged = LadybugStore(Path(tmp) / "bulk.lbug"), LadybugStore(Path(tmp) / "merged.lbug")
+        bulk, merged = open_store(request, kind, Path(tmp), "Bulk"), open_store(request, kind, Path(tmp), "Merged")
         offset = 0
         with monkeypatch.context() as m:
             m.setattr(graph, "BULK_MIN_NODES", 1)  # COPY whatever the batch size

@@ -59,7 +59,11 @@ def read_to_end(
             if time.monotonic() > deadline:
                 where = ", ".join(f"{topic}[{p}] up to {ends[p]}" for p in sorted(pending))
                 raise ReadTimeout(f"did not read to the end within {timeout:.0f}s: {where}")
-            for m in consumer.consume(batch, 0.2):
+            # wait for the first record only, then take what is already fetched: consume(n, t) would wait
+            # all of t for fewer than n records, and an assigned consumer spins on noida-db meanwhile
+            first = consumer.poll(0.2)
+            msgs = [] if first is None else [first, *consumer.consume(batch - 1, 0)]
+            for m in msgs:
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:

@@ -9,8 +9,10 @@ transport/consumer.py), so one command's records, spread over every events parti
 transactions that commit one after the other; the prototype runs one worker that owns every partition,
 the only layout in which every destination has a producer at all.
 
-Measured, on one stack, for the same random 10,000-task DAG as bench/admission_bench.py: the decision
-seen by a read_committed reader, counted from the SDK's first byte, --runs times for each. Writes
+Measured, on one stack, for --runs pairs of submissions (the random 10,000-task DAG of
+bench/admission_bench.py, and one task): whether and when each decision is seen by a read_committed
+reader, counted from the SDK's first byte; then, past Faust's transaction timeout, whether it was ever
+committed and how far the agent committed the commands' offsets. Writes
 bench/results/admission-faust-eos.json.
 
     python bench/admission_faust_eos.py [--runs 5] [--tasks 10000]
@@ -55,6 +57,7 @@ def run_agent() -> None:
         producer_max_request_size=32 * 1024 * 1024,
         topic_partitions=s.partitions,
         web_enabled=False,
+        datadir=str(s.state_dir / "eos-agent"),
         stream_wait_empty=False,
         consumer_auto_offset_reset="latest",
     )
@@ -92,8 +95,9 @@ def run_agent() -> None:
             for topic_key, key, rec in sends:
                 headers = [(EVENT_HEADER, rec.kind.encode())] if topic_key == "events" else None
                 await topics[topic_key].send(key=key.encode(), value=codec.encode(rec), headers=headers)
+            print(f"decided {cmd.command_id}: {len(sends)} record(s)", flush=True)
 
-    sys.argv = [sys.argv[0], "worker", "-l", "WARNING"]
+    sys.argv = [sys.argv[0], "worker", "-l", "info"]
     app.main()
 
 
@@ -107,7 +111,12 @@ def main() -> int:
     if args.agent:
         run_agent()
         return 0
-    from admission_bench import measure_decision
+    from admission_bench import random_dag
+    from confluent_kafka import TopicPartition
+    from taskstream.connectors.kafka import consumer
+    from taskstream.connectors.partitioning import partition_for
+
+    from taskstream.sdk import Client, SubmitError
 
     with embedded_stack("kafka", admission_workers="0") as env:
         settings = settings_of(env)
@@ -119,22 +128,53 @@ def main() -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        outcomes = []
         try:
             time.sleep(15)  # joined, assigned, transactional producers started
-            small = [measure_decision(settings, 1, args.seed + 100 + i) for i in range(args.runs)]
-            big = [measure_decision(settings, args.tasks, args.seed + i) for i in range(args.runs)]
+            with Client(settings, issuer="bench") as client:
+                for i in range(args.runs):  # one big and one one-task submission per run, one at a time
+                    for n in (args.tasks, 1):
+                        start = time.perf_counter()
+                        cid, sid = client.submit(random_dag(n, args.seed + 10 * i + n))
+                        try:
+                            client.wait_outcome(sid, 30, command_id=cid)
+                            took: float | None = time.perf_counter() - start
+                        except SubmitError:
+                            took = None
+                        outcomes.append({"tasks": n, "sid": sid, "command_id": cid, "decision_seconds": took})
+            time.sleep(70)  # past Faust's transaction timeout (60 s): an open transaction is aborted by then
+            c = consumer(settings, "bench-eos-admission")  # the prototype's group: what it committed
+            tps = [TopicPartition(settings.topic("commands"), p) for p in range(settings.partitions)]
+            committed = {tp.partition: tp.offset for tp in c.committed(tps, timeout=10)}
+            ends = {p: c.get_watermark_offsets(tp, timeout=10, cached=False)[1] for p, tp in enumerate(tps)}
+            c.close()
+            with Client(settings, issuer="bench-check") as checker:
+                for o in outcomes:
+                    try:
+                        checker.wait_outcome(o["sid"], 5)  # looked up in PostgreSQL: anything ever committed
+                        o["decided_eventually"] = True
+                    except SubmitError:
+                        o["decided_eventually"] = False
+                    o["decision_partition"] = partition_for(o["sid"].encode(), settings.partitions)
         finally:
             agent.terminate()
             agent.wait(30)
             log.close()
+    lost = [o for o in outcomes if not o["decided_eventually"]]
     report = {
         "benchmark": "admission as a Faust agent with processing_guarantee=exactly_once (one worker)",
         "engines": "kafka",
         "tasks": args.tasks,
-        "runs": args.runs,
-        "decision_seconds": summary(big),
-        "one_task_decision_seconds": summary(small),
-        "compare": "bench/results/admission-kafka.json (the present admitter)",
+        "submissions": len(outcomes),
+        "decided_within_30s": sum(o["decision_seconds"] is not None for o in outcomes),
+        "never_decided_after_100s": len(lost),
+        "commands_committed_by_the_agent": {str(p): committed[p] for p in committed},
+        "commands_end_offsets": {str(p): ends[p] for p in ends},
+        "decision_seconds_of_those_decided": summary(
+            [o["decision_seconds"] for o in outcomes if o["decision_seconds"]]
+        ),
+        "outcomes": outcomes,
+        "compare": "bench/results/admission-kafka.json (the present admitter: every submission decided)",
         "when": when(),
     }
     write_report(RESULTS, report)

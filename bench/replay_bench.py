@@ -169,7 +169,9 @@ def main() -> int:
                 runs.append({"wall": time.perf_counter() - start, **results})
                 pg_s, graph_s = results["pg"]["seconds"], results["graph"]["seconds"]
                 print(f"  {runs[-1]['wall']:.1f}s (pg {pg_s:.1f}s, graph {graph_s:.1f}s)")
-            jvms = {n: round(rss_mib(pid, peak=True)) for n, pid in services(env).items() if n in ("broker", "neo4j")}
+            engines = {
+                n: round(rss_mib(pid, peak=True)) for n, pid in services(env).items() if n in ("broker", "neo4j")
+            }
         report = {
             "benchmark": "replay from offset 0 into both projections",
             "engines": kind,
@@ -184,7 +186,7 @@ def main() -> int:
             "peak_rss_mib": {
                 "postgres_replay_process": round(max(r["pg"]["peak_rss_mib"] for r in runs)),
                 "graph_replay_process": round(max(r["graph"]["peak_rss_mib"] for r in runs)),
-                **{f"{n} (JVM, peak over the whole run)": v for n, v in jvms.items()},
+                **{f"{n} (peak over the whole run)": v for n, v in engines.items()},
             },
             "produce_seconds": round(produce_s, 2),
             "aim": "under 60 s and under 1 GiB per replay process",

@@ -57,7 +57,8 @@ def subject(settings: Settings, key: str) -> str:
 
 
 def admin(settings: Settings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap})
+    # log_level 4: warnings and worse (a short-lived admin client logs its purged queue at info)
+    return AdminClient({"bootstrap.servers": settings.bootstrap, "log_level": 4})
 
 
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:

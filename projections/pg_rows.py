@@ -153,6 +153,10 @@ def _changes(
             return {"status": "CANCELLED", "reason": why, "finished_at": at}, None, None
         case e.TaskReprioritized(new_priority=prio):
             return {"priority": prio}, None, None
+        case e.TaskLeaseExpired(claim_id=cid, reason=why):
+            return {"reason": why}, None, (cid, {"ended_at": at, "outcome": "LEASE_EXPIRED", "reason": why})
+        case e.TaskReleased(claim_id=cid, reason=why):
+            return {"reason": why}, None, (cid, {"ended_at": at, "outcome": "RELEASED", "reason": why})
         case e.TaskHeartbeat() | e.ClaimRejected() | e.CompletionRejected():
             return {}, None, None
     raise TypeError(f"no projection for {type(p).__name__}")

@@ -176,6 +176,17 @@ class ReprioritizeRequest:
     priority: int
 
 
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    claim_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseClaim:
+    claim_id: str
+    reason: str
+
+
 InputBody = (
     ClaimRequest
     | StartReport
@@ -185,6 +196,8 @@ InputBody = (
     | TimerFired
     | CancelRequest
     | ReprioritizeRequest
+    | Heartbeat
+    | ReleaseClaim
 )
 
 
@@ -229,5 +242,7 @@ INPUT_BODIES: dict[str, type] = {
         TimerFired,
         CancelRequest,
         ReprioritizeRequest,
+        Heartbeat,
+        ReleaseClaim,
     )
 }

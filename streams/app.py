@@ -17,6 +17,7 @@ import faust
 from taskstream.connectors import broker
 from taskstream.connectors.aiokafka_patch import read_committed_only
 from taskstream.connectors.kafka import make_codec
+from taskstream.connectors.keeper import Keeper
 from taskstream.connectors.services import ready_file
 from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired
@@ -80,7 +81,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             await _guarded(ctx(), _Msg(event), "lifecycle", lifecycle().on_message(_Msg(event), events_topic))
 
     worker_id = node
-    waiter_holder: dict[str, ClaimWaiter] = {}
+    waiter_holder: dict[str, Any] = {}
 
     @app.task
     async def claim_waiter() -> None:
@@ -97,7 +98,10 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             except DecodeError as err:
                 await ctx().dead_letter(_Msg(event), err.reason, "executor")
                 continue
-            await _guarded(ctx(), _Msg(event), "executor", Executor(ctx(), worker_id, waiter_holder["w"]).handle(qt))
+            if "keeper" not in waiter_holder:  # kills this worker's task processes if the worker dies
+                waiter_holder["keeper"] = Keeper()
+            executor = Executor(ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"])
+            await _guarded(ctx(), _Msg(event), "executor", executor.handle(qt))
 
     sent: dict[bytes, int] = {}
 

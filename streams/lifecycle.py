@@ -29,6 +29,7 @@ from taskstream.core.model import TERMINAL, Status, TaskState
 log = logging.getLogger(__name__)
 NOT_ADMITTED = "NOT_ADMITTED"  # outcome sent to dependents of a task that was never admitted in time
 ADMISSION_EVENTS = (e.TaskSubmitted, e.TaskAdmitted, e.TaskRejected)
+LEASED = (Status.CLAIMED, Status.RUNNING)  # the statuses in which a claim's lease runs
 
 
 class Lifecycle:
@@ -137,6 +138,23 @@ class Lifecycle:
                         cmds.append(c.MarkReady("every prerequisite succeeded", at))
             case r.ClaimRequest(attempt=n, worker=w, claim_id=cid):
                 cmds.append(c.ClaimTask(n, w, cid, at))
+            case r.Heartbeat(claim_id=cid):
+                claim = record.state.claim
+                if claim is not None and claim.claim_id == cid and record.state.status in LEASED:
+                    # the lease moves on in the task's record; no event: expiry is the fact worth logging
+                    record.lease_until_ms = max(record.lease_until_ms or 0, at + self.ctx.settings.lease_ms)
+                    self._save(record, False)
+                    return
+            case r.TimerFired(purpose="lease"):
+                claim = record.state.claim
+                if claim is not None and record.state.status in LEASED:
+                    deadline = (record.lease_until_ms or at) + self.ctx.settings.lease_grace_ms
+                    if at < deadline:  # extended since the timer was set: look again then
+                        self._save(record, {"due": deadline, "purpose": "lease"})
+                        return
+                    cmds.append(c.ExpireLease(claim.claim_id, at, self.ctx.settings.lease_expiry_limit))
+            case r.ReleaseClaim(claim_id=cid, reason=why):
+                cmds.append(c.ReleaseTask(cid, why, at))
             case r.StartReport(claim_id=cid, pid=pid):
                 cmds.append(c.StartTask(cid, pid, at))
             case r.FinishReport():
@@ -239,8 +257,12 @@ class Lifecycle:
                 )
                 if isinstance(ev, e.TaskRetryScheduled):
                     timer = {"due": ev.due_ms, "purpose": "retry"}
-                elif isinstance(ev, e.TaskReady | e.TaskCancelled) and timer is False:
+                elif isinstance(ev, e.TaskClaimed):  # the lease starts with the claim
+                    record.lease_until_ms = at + self.ctx.settings.lease_ms
+                    timer = {"due": record.lease_until_ms + self.ctx.settings.lease_grace_ms, "purpose": "lease"}
+                elif isinstance(ev, e.TaskReady | e.TaskCancelled | e.TaskSucceeded | e.TaskDeadLettered):
                     timer = None
+                    record.lease_until_ms = None
             record.state = state
             more, more_sends = self._react(record, decided, at)
             pending.extend(more)

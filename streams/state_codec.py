@@ -17,6 +17,7 @@ class TaskRecord:
     dependents: list[str] = field(default_factory=list)  # tasks to tell when this one ends
     ended: dict[str, str] = field(default_factory=dict)  # prerequisite id -> how it ended
     not_admitted: bool = False  # its dependents waited reference_wait_ms and were told it never came
+    lease_until_ms: int | None = None  # the current claim's lease, moved on by the worker's heartbeats
 
 
 def dumps(rec: TaskRecord) -> bytes:
@@ -34,9 +35,17 @@ def dumps(rec: TaskRecord) -> bytes:
         "exit_code": s.exit_code,
         "reason": s.reason,
         "updated_ms": s.updated_ms,
+        "fenced_claims": list(s.fenced_claims),
+        "lease_expiries": s.lease_expiries,
     }
     return json.dumps(
-        {"state": d, "dependents": rec.dependents, "ended": rec.ended, "not_admitted": rec.not_admitted}
+        {
+            "state": d,
+            "dependents": rec.dependents,
+            "ended": rec.ended,
+            "not_admitted": rec.not_admitted,
+            "lease_until_ms": rec.lease_until_ms,
+        }
     ).encode()
 
 
@@ -56,5 +65,13 @@ def loads(raw: bytes) -> TaskRecord:
         exit_code=d["exit_code"],
         reason=d["reason"],
         updated_ms=d["updated_ms"],
+        fenced_claims=tuple(d.get("fenced_claims", ())),
+        lease_expiries=int(d.get("lease_expiries", 0)),
     )
-    return TaskRecord(state, list(obj["dependents"]), dict(obj["ended"]), bool(obj.get("not_admitted", False)))
+    return TaskRecord(
+        state,
+        list(obj["dependents"]),
+        dict(obj["ended"]),
+        bool(obj.get("not_admitted", False)),
+        obj.get("lease_until_ms"),
+    )

@@ -1,9 +1,13 @@
 """The worker: claims queued tasks, runs their argv as a subprocess, and reports how they ended.
 
 A worker never runs a task on its own authority: it asks the task's owner for the claim (ClaimRequest
-on task-inputs) and runs only if the log says it won (TaskClaimed with its claim id). It reports the
-start, then the exit status and a bounded tail of the output. A run over its execution cap is killed
-(SIGTERM to its process group, SIGKILL after a grace period) and reported as such.
+on task-inputs) and runs only if the log says it won (TaskClaimed with its claim id). While it holds the
+claim it sends heartbeats, which keep the claim's lease alive; if they stop (the worker died), the
+owner expires the lease and the task runs again elsewhere, and anything this worker reports under that
+claim later is refused. It reports the start, then the exit status and a bounded tail of the output. A
+run over its execution cap is killed (SIGTERM to its process group, SIGKILL after a grace period) and
+reported as such. Task processes die with their worker (connectors/keeper.py). Told to stop, a worker
+gives its running tasks `drain_ms` to finish, then kills them and hands them back (ReleaseClaim).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from taskstream.connectors.keeper import Keeper, die_with_parent
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
 from taskstream.streams.context import EVENT_HEADER, Context
@@ -104,10 +109,11 @@ def _kill_group(pid: int, sig: int) -> None:
 
 
 class Executor:
-    def __init__(self, ctx: Context, worker_id: str, waiter: ClaimWaiter) -> None:
+    def __init__(self, ctx: Context, worker_id: str, waiter: ClaimWaiter, keeper: Keeper | None = None) -> None:
         self.ctx = ctx
         self.worker_id = worker_id
         self.waiter = waiter
+        self.keeper = keeper
         self.work_root = ctx.settings.state_dir / "work"
 
     async def handle(self, qt: r.QueuedTask) -> None:
@@ -125,14 +131,27 @@ class Executor:
         if isinstance(outcome, e.ClaimRejected):
             log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
             return
-        await self._run(qt, claim_id)
+        beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))
+        try:
+            await self._run(qt, claim_id)
+        finally:
+            beats.cancel()
+
+    async def _heartbeats(self, task_id: str, claim_id: str) -> None:
+        """Keep the claim's lease alive while this worker holds it (every heartbeat_ms)."""
+        every = self.ctx.settings.heartbeat_ms / 1000
+        n = 0
+        while True:
+            await asyncio.sleep(every)
+            n += 1
+            with contextlib.suppress(Exception):  # a lost heartbeat is what leases are for
+                await self._report(task_id, int(time.time() * 1000), r.Heartbeat(claim_id), f"{claim_id}:beat:{n}")
 
     async def _report(self, task_id: str, at: int, body: Any, input_id: str) -> None:
         await self.ctx.send_all([(self.ctx.inputs, task_id, self.ctx.input(task_id, at, body, input_id))])
 
     async def _run(self, qt: r.QueuedTask, claim_id: str) -> None:
         spec = qt.spec
-        limit = self.ctx.settings.output_tail_bytes
         env = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
         env.update(spec.env)
         env.update(
@@ -153,7 +172,8 @@ class Executor:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True,  # a process group of its own: killed whole
+                preexec_fn=die_with_parent,  # and killed by the kernel if this worker dies
             )
         except OSError as exc:
             why = f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"
@@ -161,6 +181,18 @@ class Executor:
                 qt.task_id, int(time.time() * 1000), r.FinishReport(claim_id, None, "", 0, why), f"{claim_id}:finish"
             )
             return
+        if self.keeper is not None:
+            self.keeper.watch(proc.pid)
+        try:
+            await self._supervise(qt, claim_id, proc, started)
+        finally:
+            _kill_group(proc.pid, signal.SIGKILL)  # nothing the task started outlives it
+            if self.keeper is not None:
+                self.keeper.forget(proc.pid)
+
+    async def _supervise(self, qt: r.QueuedTask, claim_id: str, proc: Any, started: float) -> None:
+        spec = qt.spec
+        limit = self.ctx.settings.output_tail_bytes
         await self._report(qt.task_id, int(time.time() * 1000), r.StartReport(claim_id, proc.pid), f"{claim_id}:start")
         assert proc.stdout is not None
         reader = asyncio.create_task(_read_tail(proc.stdout, limit))
@@ -169,13 +201,12 @@ class Executor:
             await asyncio.wait_for(proc.wait(), spec.execution_cap_ms / 1000)
         except TimeoutError:
             reason = f"killed: ran over its execution cap of {spec.execution_cap_ms / 1000:g}s"
-            _kill_group(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), KILL_GRACE_S)
-            except TimeoutError:
-                _kill_group(proc.pid, signal.SIGKILL)
-                await proc.wait()
-        _kill_group(proc.pid, signal.SIGKILL)  # nothing the task started outlives it
+            await _terminate(proc)
+        except asyncio.CancelledError:  # the worker is stopping: drain
+            if not await self._drain(qt, claim_id, proc):
+                reader.cancel()
+                raise
+        _kill_group(proc.pid, signal.SIGKILL)
         buf = await reader
         duration = int((time.monotonic() - started) * 1000)
         code = proc.returncode
@@ -187,3 +218,32 @@ class Executor:
             r.FinishReport(claim_id, code, _tail(buf, limit), duration, reason),
             f"{claim_id}:finish",
         )
+
+    async def _drain(self, qt: r.QueuedTask, claim_id: str, proc: Any) -> bool:
+        """Stopping: give the task drain_ms to finish (True: it did, report it as usual); else kill it and
+        hand it back, so it runs again elsewhere without using up a retry (False)."""
+        drain = self.ctx.settings.drain_ms / 1000
+        log.info("stopping: task %s has %.0fs to finish", qt.task_id, drain)
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), drain)
+            return True
+        except (TimeoutError, asyncio.CancelledError):
+            pass
+        await _terminate(proc)
+        why = f"its worker {self.worker_id} stopped; the task did not finish within {drain:g}s"
+        with contextlib.suppress(Exception):
+            await self._report(
+                qt.task_id, int(time.time() * 1000), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
+            )
+        log.info("handed task %s back: %s", qt.task_id, why)
+        return False
+
+
+async def _terminate(proc: Any) -> None:
+    """SIGTERM to the task's process group, SIGKILL after KILL_GRACE_S."""
+    _kill_group(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE_S)
+    except (TimeoutError, asyncio.CancelledError):
+        _kill_group(proc.pid, signal.SIGKILL)
+        await asyncio.shield(proc.wait())

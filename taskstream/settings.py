@@ -59,6 +59,16 @@ class Settings:
     node_id: str = ""
     lane: str = "default"
     output_tail_bytes: int = 4096
+    # Leases (the seed's visibility timeout): a claim is the worker's for lease_ms after its last
+    # heartbeat (sent every heartbeat_ms while it holds the claim); the owner expires it lease_grace_ms
+    # after that and runs the task again, up to lease_expiry_limit times before dead-lettering it.
+    lease_ms: int = 10_000
+    heartbeat_ms: int = 2_000
+    lease_grace_ms: int = 2_000
+    lease_expiry_limit: int = 3
+    # A worker told to stop (SIGTERM) takes no new task and gives its running ones this long to finish;
+    # then it kills them and hands them back (they run again elsewhere, no retry used up).
+    drain_ms: int = 10_000
     # A Faust worker silent this long (its consumer-group session) loses its partitions to the others.
     worker_session_timeout_ms: int = 6000
     # Admission workers (the submitter cluster, streams/admitter.py).

@@ -95,7 +95,7 @@ def test_second_failure_past_the_retry_limit_dead_letters() -> None:
             "cannot cancel task task-1: it is succeeded",
         ),
         (QUEUED, c.ReprioritizeTask(3, 9), "cannot reprioritize task task-1: it is queued"),
-        (READY, c.ClaimTask(1, "w", "x", 9), "cannot claim task task-1: it is ready"),
+        (CLAIMED, c.ClaimTask(1, "w1", "claim-1", 9), "cannot claim task task-1: it is claimed"),
         ([], c.AdmitTask("n", 9), "cannot admit task task-1: it is new"),
     ],
 )
@@ -103,6 +103,63 @@ def test_rejections_are_worded_by_one_template(history: list[e.Event], command: 
     out = decide(given_(history), command)
     assert isinstance(out, Rejection)
     assert out.message == message
+
+
+def test_a_claim_that_cannot_be_granted_gets_a_recorded_verdict() -> None:
+    """A stale or late claimer loses, in the log, so it learns it lost (a duplicate of the winner's
+    request is refused silently: the winner already has its TaskClaimed)."""
+    assert decide(given_(READY), c.ClaimTask(1, "w", "x", 9)) == [e.ClaimRejected(1, "w", "x", "task is ready")]
+    assert decide(given_(CLAIMED), c.ClaimTask(1, "w2", "claim-2", 9)) == [
+        e.ClaimRejected(1, "w2", "claim-2", "task is claimed")
+    ]
+
+
+LEASED = CLAIMED + [e.TaskStarted("claim-1", "w1", 77)]
+EXPIRED = LEASED + [
+    e.TaskLeaseExpired("claim-1", "w1", 1, "the lease of claim claim-1 (worker w1, attempt 1) expired"),
+    e.TaskReady("the lease of claim claim-1 (worker w1, attempt 1) expired: run again"),
+]
+
+
+def test_an_expired_lease_makes_the_task_visible_again_with_the_attempt_raised() -> None:
+    out = decide(given_(LEASED), c.ExpireLease("claim-1", 50, limit=3))
+    assert out == EXPIRED[len(LEASED) :]
+    state = given_(EXPIRED)
+    assert state.status is Status.READY and state.claim is None and state.lease_expiries == 1
+    queued = decide(state, c.QueueTask("default", 51))
+    assert queued == [e.TaskQueued(2, "default")]
+
+
+def test_reports_under_an_expired_lease_are_refused_and_recorded() -> None:
+    state = given_(EXPIRED + [e.TaskQueued(2, "default"), e.TaskClaimed(2, "w2", "claim-2")])
+    for late in (c.FinishTask("claim-1", 0, "", 1, "", 60), c.StartTask("claim-1", 78, 60)):
+        out = decide(state, late)
+        assert isinstance(out, list) and len(out) == 1 and isinstance(out[0], e.CompletionRejected)
+        assert "lease of claim claim-1 expired" in out[0].reason
+    done = given_(
+        [*EXPIRED, e.TaskQueued(2, "d"), e.TaskClaimed(2, "w2", "claim-2"), e.TaskSucceeded("claim-2", 0, "", 1)]
+    )
+    late = decide(done, c.FinishTask("claim-1", 0, "", 1, "", 70))  # even after the task ended
+    assert isinstance(late, list) and isinstance(late[0], e.CompletionRejected)
+
+
+def test_a_released_task_runs_again_without_using_a_retry() -> None:
+    out = decide(given_(LEASED), c.ReleaseTask("claim-1", "worker stopping", 40))
+    assert out == [
+        e.TaskReleased("claim-1", "w1", "worker stopping"),
+        e.TaskReady("released by its worker: worker stopping"),
+    ]
+    state = given_([*LEASED, *out])
+    assert state.claim is None and state.lease_expiries == 0 and "claim-1" in state.fenced_claims
+    assert isinstance(decide(state, c.FinishTask("claim-1", 0, "", 1, "", 41))[0], e.CompletionRejected)  # type: ignore[index]
+
+
+def test_a_stale_expiry_is_refused_and_expiries_past_the_limit_dead_letter() -> None:
+    fresh = given_(EXPIRED + [e.TaskQueued(2, "default"), e.TaskClaimed(2, "w2", "claim-2")])
+    assert isinstance(decide(fresh, c.ExpireLease("claim-1", 80, limit=3)), Rejection)  # an old timer
+    out = decide(fresh, c.ExpireLease("claim-2", 80, limit=1))
+    assert isinstance(out, list) and isinstance(out[-1], e.TaskDeadLettered)
+    assert "2 lease(s) expired, the limit is 1" in out[-1].reason
 
 
 def test_not_before_holds_a_task_back_until_its_time() -> None:
@@ -158,6 +215,8 @@ ALL_COMMANDS = st.one_of(
     st.builds(c.RetryTask, st.integers(0, 100_000)),
     st.builds(c.CancelTask, st.just("stop"), st.integers(0, 100)),
     st.builds(c.ReprioritizeTask, st.integers(-5, 5), st.integers(0, 100)),
+    st.builds(c.ExpireLease, st.sampled_from(["c1", "c2"]), st.integers(0, 100), st.integers(0, 3)),
+    st.builds(c.ReleaseTask, st.sampled_from(["c1", "c2"]), st.just("draining"), st.integers(0, 100)),
 )
 
 
@@ -200,5 +259,10 @@ def test_a_task_never_starts_without_a_claim_and_attempts_never_exceed_the_limit
         if isinstance(ev, e.TaskStarted):
             assert state.status is Status.CLAIMED and state.claim is not None
             assert ev.claim_id == state.claim.claim_id
+        if isinstance(ev, e.TaskStarted | e.TaskSucceeded | e.TaskFailed):  # only ever under the live claim
+            assert state.claim is not None and ev.claim_id == state.claim.claim_id
+            assert ev.claim_id not in state.fenced_claims, f"a report applied under the expired {ev.claim_id}"
         state = evolve(state, ev)
-    assert state.attempt <= SPEC.retry_limit + 1
+    # an expired lease or a release raises the attempt count without using up the task's retries
+    lost = sum(isinstance(ev, e.TaskLeaseExpired | e.TaskReleased) for ev in history)
+    assert state.attempt <= SPEC.retry_limit + 1 + lost

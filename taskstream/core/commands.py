@@ -86,6 +86,25 @@ class ReprioritizeTask:
     at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class ExpireLease:
+    """The owner saw the lease of `claim_id` run out (time is the input's: the core reads no clock).
+    `limit`: how many expiries a task may have before it is dead-lettered instead of run again."""
+
+    claim_id: str
+    at_ms: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseTask:
+    """The claim's worker gives the task back (it is draining); it runs again elsewhere."""
+
+    claim_id: str
+    reason: str
+    at_ms: int
+
+
 Command = (
     SubmitTask
     | AdmitTask
@@ -98,4 +117,6 @@ Command = (
     | RetryTask
     | CancelTask
     | ReprioritizeTask
+    | ExpireLease
+    | ReleaseTask
 )

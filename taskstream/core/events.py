@@ -118,6 +118,27 @@ class TaskDeadLettered:
     attempts: int
 
 
+@dataclass(frozen=True, slots=True)
+class TaskLeaseExpired:
+    """The claim's lease ran out without a report or heartbeat (its worker died, hung or lost the
+    network): the claim is fenced, and anything reported under it later is refused."""
+
+    claim_id: str
+    worker: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReleased:
+    """The worker holding the claim gave the task back unfinished (it is stopping): the claim is
+    fenced and the task runs again, without using up a retry."""
+
+    claim_id: str
+    worker: str
+    reason: str
+
+
 Event = (
     TaskSubmitted
     | TaskAdmitted
@@ -136,6 +157,8 @@ Event = (
     | TaskCancelled
     | TaskReprioritized
     | TaskDeadLettered
+    | TaskLeaseExpired
+    | TaskReleased
 )
 
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]

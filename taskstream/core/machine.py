@@ -30,7 +30,10 @@ TRANSITIONS: dict[type, frozenset[Status]] = {
     c.RetryTask: frozenset({S.RETRY_WAIT}),
     c.CancelTask: _LIVE,
     c.ReprioritizeTask: frozenset({S.SUBMITTED, S.WAITING, S.READY, S.RETRY_WAIT}),
+    c.ExpireLease: frozenset({S.CLAIMED, S.RUNNING}),
+    c.ReleaseTask: frozenset({S.CLAIMED, S.RUNNING}),
 }
+FENCED_KEPT = 8  # how many expired claims a task remembers (to refuse their late reports by name)
 
 _VERBS: dict[type, str] = {
     c.SubmitTask: "submit",
@@ -44,6 +47,8 @@ _VERBS: dict[type, str] = {
     c.RetryTask: "retry",
     c.CancelTask: "cancel",
     c.ReprioritizeTask: "reprioritize",
+    c.ExpireLease: "expire the lease of",
+    c.ReleaseTask: "release",
 }
 
 
@@ -71,7 +76,14 @@ def decide(state: TaskState, command: c.Command, rand: float = 0.0) -> list[e.Ev
 
     `rand` in [0, 1) is the injected randomness for retry jitter.
     """
+    refused = _refused_report(state, command)
+    if refused is not None:
+        return refused
     if state.status not in TRANSITIONS[type(command)]:
+        if isinstance(command, c.ClaimTask) and (state.claim is None or state.claim.claim_id != command.claim_id):
+            # a claimer always gets a verdict it can read from the log (a duplicate of the winner does not)
+            why = f"task is {state.status.value.lower()}"
+            return [e.ClaimRejected(command.attempt, command.worker, command.claim_id, why)]
         return _reject(state, command)
     match command:
         case c.SubmitTask(submission_id=sid, spec=spec):
@@ -106,7 +118,38 @@ def decide(state: TaskState, command: c.Command, rand: float = 0.0) -> list[e.Ev
             return [e.TaskCancelled(reason=reason)]
         case c.ReprioritizeTask(priority=p):
             return [e.TaskReprioritized(old_priority=state.priority, new_priority=p)]
+        case c.ExpireLease(claim_id=cid, limit=limit):
+            return _expire(state, command, cid, limit)
+        case c.ReleaseTask(claim_id=cid, reason=why):
+            if state.claim is None or state.claim.claim_id != cid:
+                return _reject(state, command, f"its claim is {state.claim.claim_id if state.claim else 'none'}")
+            return [e.TaskReleased(cid, state.claim.worker, why), e.TaskReady(reason=f"released by its worker: {why}")]
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _refused_report(state: TaskState, command: c.Command) -> list[e.Event] | None:
+    """A start or finish report under a claim whose lease expired, or that another claim superseded:
+    refused and recorded, whatever the task's status (it is never applied)."""
+    if not isinstance(command, c.StartTask | c.FinishTask | c.ReleaseTask):
+        return None
+    cid = command.claim_id
+    if cid in state.fenced_claims:
+        return [e.CompletionRejected(cid, f"the lease of claim {cid} expired; the task went on without it")]
+    if state.claim is not None and cid != state.claim.claim_id:
+        return [e.CompletionRejected(cid, f"claim {cid} is fenced by {state.claim.claim_id}")]
+    return None
+
+
+def _expire(state: TaskState, command: c.Command, cid: str, limit: int) -> list[e.Event] | Rejection:
+    claim = state.claim
+    if claim is None or claim.claim_id != cid:
+        return _reject(state, command, f"its claim is {claim.claim_id if claim else 'none'}, not {cid}")
+    why = f"the lease of claim {cid} (worker {claim.worker}, attempt {claim.attempt}) expired"
+    expired = e.TaskLeaseExpired(claim_id=cid, worker=claim.worker, attempt=claim.attempt, reason=why)
+    if state.lease_expiries + 1 > limit:
+        gone = f"{why}; {state.lease_expiries + 1} lease(s) expired, the limit is {limit}"
+        return [expired, e.TaskDeadLettered(reason=gone, attempts=state.attempt)]
+    return [expired, e.TaskReady(reason=f"{why}: run again")]
 
 
 def _finish(
@@ -196,6 +239,17 @@ def _(ev: e.TaskCancelled, s: TaskState) -> TaskState:
 @_apply.register
 def _(ev: e.TaskReprioritized, s: TaskState) -> TaskState:
     return replace(s, priority=ev.new_priority)
+
+
+@_apply.register
+def _(ev: e.TaskLeaseExpired, s: TaskState) -> TaskState:
+    fenced = (*s.fenced_claims, ev.claim_id)[-FENCED_KEPT:]
+    return replace(s, claim=None, fenced_claims=fenced, lease_expiries=s.lease_expiries + 1, reason=ev.reason)
+
+
+@_apply.register
+def _(ev: e.TaskReleased, s: TaskState) -> TaskState:
+    return replace(s, claim=None, fenced_claims=(*s.fenced_claims, ev.claim_id)[-FENCED_KEPT:], reason=ev.reason)
 
 
 @_apply.register(e.TaskTimedOut)

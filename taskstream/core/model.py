@@ -93,6 +93,8 @@ class TaskState:
     exit_code: int | None = None
     reason: str = ""  # why it is in its status, for people
     updated_ms: int = 0
+    fenced_claims: tuple[str, ...] = ()  # claims whose leases expired (the newest few): reports refused
+    lease_expiries: int = 0
 
     @property
     def is_terminal(self) -> bool:

@@ -1,0 +1,79 @@
+"""Task processes never outlive their worker.
+
+A task runs in a session (process group) of its own, so it can be killed whole. Two things kill it if
+its worker dies, even by SIGKILL:
+- the kernel: the task's first process asks for SIGKILL when its parent (the worker) dies
+  (PR_SET_PDEATHSIG, set between fork and exec);
+- the keeper: a small process the worker starts, which learns each task's process group over a pipe
+  and, when the pipe closes (its worker is gone, however it went), kills every group still running,
+  the processes the task started included, then exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from typing import IO
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Pre-exec hook for a task's first process: SIGKILL when the worker dies."""
+    with contextlib.suppress(OSError):  # not Linux: the keeper still kills the group
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Keeper:
+    """The worker's end of the keeper: tell it which process groups to kill if the worker dies."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(  # noqa: S603 - argv list
+            [sys.executable, "-m", "taskstream.connectors.keeper"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # not in the worker's group: a signal to that group leaves it to clean up
+            text=True,
+        )
+        assert self.proc.stdin is not None
+        self.pipe: IO[str] = self.proc.stdin
+
+    def _send(self, line: str) -> None:
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            self.pipe.write(line + "\n")
+            self.pipe.flush()
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"+{pgid}")
+
+    def forget(self, pgid: int) -> None:
+        self._send(f"-{pgid}")
+
+    def close(self) -> None:
+        """The worker stops cleanly: every group still known is killed, as on a crash."""
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            self.pipe.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+
+
+def main() -> None:
+    groups: set[int] = set()
+    for line in sys.stdin:
+        line = line.strip()
+        if line.startswith("+") and line[1:].isdigit():
+            groups.add(int(line[1:]))
+        elif line.startswith("-") and line[1:].isdigit():
+            groups.discard(int(line[1:]))
+    for pgid in groups:  # the worker is gone: nothing it started may outlive it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""Dispatch under failure, on a real stack with real processes and real signals: leases, a SIGKILLed
+worker whose tasks run again elsewhere (each ending exactly once, as the log says), its task processes
+dying with it, and a worker told to stop handing back what it cannot finish.
+
+The stack here runs no Faust worker of its own; each test starts the workers it kills. Leases are
+short (3 s, heartbeats every second) so that expiry shows within seconds; the sessions of the Faust
+consumer group time out after 4 s.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import ConsumerGroupState
+from taskstream.connectors.kafka import admin, consumer, make_codec
+from taskstream.connectors.reading import end_offsets, read_to_end
+from taskstream.connectors.services import ready_file
+from taskstream.schemas import records as r
+
+from taskstream.core import events as e
+from taskstream.core.submission import parse_document
+from taskstream.sdk import Client
+from tests.conftest import Stack, running, wait_until
+
+pytestmark = pytest.mark.stack
+SESSION_MS = 4000
+
+
+@pytest.fixture(scope="module")
+def workerless(tmp_path_factory: pytest.TempPathFactory, stack_kind: str) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp(f"dispatch-{stack_kind}") / "state", stack_kind)
+    s.env.update(
+        TASKSTREAM_WORKERS="0",
+        TASKSTREAM_LEASE_MS="3000",
+        TASKSTREAM_HEARTBEAT_MS="1000",
+        TASKSTREAM_LEASE_GRACE_MS="1000",
+        TASKSTREAM_WORKER_SESSION_TIMEOUT_MS=str(SESSION_MS),
+        TASKSTREAM_DRAIN_MS="2000",
+    )
+    with running(s):
+        yield s
+
+
+class Workers:
+    """Faust worker processes started by a test (`taskstream serve worker`); all stopped at its end."""
+
+    def __init__(self, stack: Stack, tmp: Path) -> None:
+        self.stack, self.tmp = stack, tmp
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, index: int) -> subprocess.Popen[bytes]:
+        ready = ready_file(self.stack.settings, f"worker-{index}")
+        ready.unlink(missing_ok=True)
+        log = (self.tmp / f"worker-{index}.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "taskstream", "serve", "worker", "--index", str(index)],
+            env=self.stack.env,
+            cwd=self.stack.settings.state_dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs[index] = proc
+        wait_until(ready.exists, 90, f"worker-{index} ready")
+        return proc
+
+    def log(self, index: int) -> str:
+        return (self.tmp / f"worker-{index}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(40)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def workers(workerless: Stack, tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(workerless, tmp_path)
+    yield w
+    w.stop()
+
+
+def group_members(stack: Stack) -> int:
+    s = stack.settings
+    group = f"{s.topic_prefix}-scheduler"
+    client = admin(s)
+    desc = client.describe_consumer_groups([group], request_timeout=10)[group].result(15)
+    return 0 if desc.state in (ConsumerGroupState.DEAD, ConsumerGroupState.EMPTY) else len(desc.members)
+
+
+def submit(stack: Stack, tasks: list[dict[str, Any]]) -> tuple[str, dict[str, str]]:
+    with Client(stack.settings) as client:
+        cid, sid = client.submit(parse_document({"tenant": "dispatch", "tasks": tasks}))
+        out = client.wait_outcome(sid, 60, command_id=cid)
+    assert out.accepted, out
+    return sid, out.task_ids
+
+
+def rows(stack: Stack, sid: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT t.name, t.status, a.attempt, a.worker, a.pid, a.ended_at FROM tasks t "
+            "LEFT JOIN attempts a USING (task_id) WHERE t.submission_id = %s ORDER BY t.name, a.attempt",
+            (sid,),
+        ).fetchall()
+
+
+def history(stack: Stack, task_ids: set[str]) -> dict[str, list[r.EventRecord]]:
+    """Every committed event of these tasks, from the log, in log order per task."""
+    s = stack.settings
+    codec = make_codec(s)
+    c = consumer(s, f"dispatch-{uuid.uuid4()}")
+    out: dict[str, list[r.EventRecord]] = {t: [] for t in task_ids}
+    try:
+        topic = s.topic("events")
+        ends = end_offsets(c, topic, list(range(s.partitions)))
+        for m in read_to_end(c, topic, dict.fromkeys(range(s.partitions), 0), ends=ends, timeout=60):
+            for ev in r.task_events(codec.decode("event", m.value())):
+                if ev.task_id in out:
+                    out[ev.task_id].append(ev)
+    finally:
+        c.close()
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_sigkilled_worker_s_tasks_run_again_elsewhere_and_each_ends_exactly_once(
+    workerless: Stack, workers: Workers
+) -> None:
+    a = workers.start(0)
+    workers.start(1)
+    wait_until(lambda: group_members(workerless) == 2, 60, "both workers in the group")
+    marker = uuid.uuid4().hex[:8]
+    tasks: list[dict[str, Any]] = [{"name": f"root{i}", "argv": ["sh", "-c", f"sleep 3 # {marker}"]} for i in range(4)]
+    tasks += [
+        {"name": f"mid{i}", "argv": ["sh", "-c", f"sleep 1 # {marker}"], "dependencies": [f"root{i % 4}"]}
+        for i in range(8)
+    ]
+    tasks.append({"name": "join", "argv": ["true"], "dependencies": [f"mid{i}" for i in range(8)]})
+    sid, ids = submit(workerless, tasks)
+
+    def running_on_a() -> list[int] | None:
+        mine = [pid for _, st, _, w, pid, end in rows(workerless, sid) if st == "RUNNING" and w and f"-{a.pid}-" in w]
+        return [p for p in mine if p] or None
+
+    pids = wait_until(running_on_a, 60, "a task running on worker 0", every=0.2)
+    a.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    a.wait(10)
+    wait_until(lambda: not any(alive(p) for p in pids), 10, "the killed worker's task processes to die")
+    wait_until(lambda: group_members(workerless) == 1, 60, "the dead worker to leave the group")
+    print(f"\nthe group had the survivor alone {time.monotonic() - killed:.1f}s after the SIGKILL")
+
+    def all_succeeded() -> bool:
+        got = {name: st for name, st, *_ in rows(workerless, sid)}
+        return len(got) == len(tasks) and all(st == "SUCCEEDED" for st in got.values())
+
+    wait_until(all_succeeded, 180, "every task to succeed", every=1.0)
+    print(f"every task succeeded {time.monotonic() - killed:.1f}s after the SIGKILL")
+    assert not [p for p in subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()]
+
+    # exactly once, as the log says: one success per task, never under a fenced claim, in order
+    log = history(workerless, set(ids.values()))
+    name_of = {v: k for k, v in ids.items()}
+    successes = Counter(name_of[t] for t, evs in log.items() for ev in evs if isinstance(ev.payload, e.TaskSucceeded))
+    assert successes == Counter(dict.fromkeys(ids, 1)), successes
+    expired = [t for t, evs in log.items() if any(isinstance(ev.payload, e.TaskLeaseExpired) for ev in evs)]
+    assert expired, "a task of the killed worker should have had its lease expire"
+    for t in expired:
+        evs = log[t]
+        lost = next(ev.payload.claim_id for ev in evs if isinstance(ev.payload, e.TaskLeaseExpired))
+        won = next(ev.payload.claim_id for ev in evs if isinstance(ev.payload, e.TaskSucceeded))
+        assert won != lost, "the task succeeded under the claim whose lease expired"
+    done_at = {t: next(ev.event_ms for ev in evs if isinstance(ev.payload, e.TaskSucceeded)) for t, evs in log.items()}
+    for spec in tasks:
+        started = [ev.event_ms for ev in log[ids[spec["name"]]] if isinstance(ev.payload, e.TaskStarted)]
+        for dep in spec.get("dependencies", []):
+            assert min(started) >= done_at[ids[dep]], f"{spec['name']} started before {dep} succeeded"
+
+
+def test_a_report_under_an_expired_lease_is_refused_and_recorded(workerless: Stack, workers: Workers) -> None:
+    """A worker that lost its claim (here: SIGSTOPped past its lease, then let go on) finds its late
+    report refused and recorded; the task's success is the other attempt's."""
+    a = workers.start(0)
+    workers.start(1)
+    wait_until(lambda: group_members(workerless) == 2, 60, "both workers in the group")
+    sid, ids = submit(workerless, [{"name": "slow", "argv": ["sh", "-c", "sleep 4"]}])
+    tid = ids["slow"]
+
+    def runner() -> str | None:
+        return next((w for _, st, _, w, *_ in rows(workerless, sid) if st == "RUNNING" and w), None)
+
+    holder = wait_until(runner, 60, "the task to run", every=0.2)
+    victim = a if f"-{a.pid}-" in holder else workers.procs[1]
+    # frozen, it holds the claim and sends nothing: its lease runs out (and, if it owned the task's
+    # partition too, its group session: the other worker takes that over and expires the lease)
+    victim.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: any(isinstance(ev.payload, e.TaskLeaseExpired) for ev in history(workerless, {tid})[tid]),
+            60,
+            "the lease to expire",
+            every=1.0,
+        )
+    finally:
+        victim.send_signal(signal.SIGCONT)
+    wait_until(lambda: any(st == "SUCCEEDED" for _, st, *_ in rows(workerless, sid)), 90, "the task to succeed")
+
+    # the frozen worker's process ran on and ended; thawed, the worker reports under the expired claim
+    def refused() -> list[Any]:
+        return [ev for ev in history(workerless, {tid})[tid] if isinstance(ev.payload, e.CompletionRejected)]
+
+    late = wait_until(refused, 60, "the late report to be refused", every=1.0)
+    assert "lease" in late[0].payload.reason and "expired" in late[0].payload.reason
+    log = history(workerless, {tid})[tid]
+    assert sum(isinstance(ev.payload, e.TaskSucceeded) for ev in log) == 1
+
+
+def test_a_stopping_worker_hands_back_what_it_cannot_finish(workerless: Stack, workers: Workers) -> None:
+    """SIGTERM: no new work; a running task gets drain_ms (2 s here) to finish, then is killed and
+    handed back, and runs again on the other worker without using up a retry."""
+    a = workers.start(0)
+    workers.start(1)
+    wait_until(lambda: group_members(workerless) == 2, 60, "both workers in the group")
+    marker = uuid.uuid4().hex[:8]
+    sid, ids = submit(workerless, [{"name": f"t{i}", "argv": ["sh", "-c", f"sleep 6 # {marker}"]} for i in range(3)])
+
+    def mine() -> list[int] | None:
+        ps = [pid for _, st, _, w, pid, _ in rows(workerless, sid) if st == "RUNNING" and w and f"-{a.pid}-" in w]
+        return [p for p in ps if p] or None
+
+    pids = wait_until(mine, 60, "a task running on worker 0", every=0.2)
+    a.send_signal(signal.SIGTERM)
+    assert a.wait(40) is not None
+    assert not any(alive(p) for p in pids), "a task outlived its stopped worker"
+    wait_until(
+        lambda: all(st == "SUCCEEDED" for _, st, *_ in rows(workerless, sid)) and len(rows(workerless, sid)) >= 3,
+        120,
+        "every task to succeed",
+        every=1.0,
+    )
+    log = history(workerless, set(ids.values()))
+    released = [t for t, evs in log.items() if any(isinstance(ev.payload, e.TaskReleased) for ev in evs)]
+    assert released, f"nothing was handed back; worker log:\n{workers.log(0)[-3000:]}"
+    for t in released:
+        assert sum(isinstance(ev.payload, e.TaskSucceeded) for ev in log[t]) == 1
+        assert not any(isinstance(ev.payload, e.TaskRetryScheduled) for ev in log[t])  # no retry used up

@@ -37,8 +37,8 @@ APP_ID = "bench-eos-admission"
 def run_agent() -> None:
     """The prototype: one Faust worker, exactly_once, deciding commands with the admitter's pure code."""
     import faust
-    from taskstream.connectors.aiokafka_patch import read_committed_only
     from taskstream.connectors.engines import choose
+    from taskstream.connectors.faust_patches import read_committed_only
     from taskstream.connectors.kafka import make_codec
     from taskstream.connectors.partitioning import partition_for
     from taskstream.streams.admission import LinkIndex, Placement, decide_command

@@ -15,7 +15,7 @@ from typing import Any
 
 import faust
 from taskstream.connectors import broker
-from taskstream.connectors.aiokafka_patch import read_committed_only
+from taskstream.connectors.faust_patches import ack_current_generation_only, read_committed_only
 from taskstream.connectors.kafka import make_codec
 from taskstream.connectors.keeper import Keeper
 from taskstream.connectors.services import ready_file
@@ -164,6 +164,7 @@ def run_worker(settings: Settings, index: int) -> None:
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     broker.install_client_patches(settings)
     read_committed_only()
+    ack_current_generation_only()
     app = build_app(settings, index)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

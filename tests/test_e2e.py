@@ -207,25 +207,21 @@ def test_an_outside_program_submits_a_dag_that_runs_in_dependency_order(stack: S
 
 def inputs_about(stack: Stack, task_ids: set[str]) -> list[Any]:
     """Every committed record on the task-inputs topic addressed to one of `task_ids`, decoded."""
-    from confluent_kafka import TopicPartition
     from taskstream.connectors.kafka import consumer, make_codec
+    from taskstream.connectors.reading import read_to_end
 
     s = stack.settings
     codec = make_codec(s)
-    topic = s.topic("task-inputs")
     c = consumer(s, f"inputs-{uuid.uuid4()}")
-    out = []
     try:
-        for p in range(s.partitions):
-            _, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-            c.assign([TopicPartition(topic, p, 0)])
-            while c.position([TopicPartition(topic, p)])[0].offset < high:
-                m = c.poll(1.0)
-                if m is not None and not m.error() and m.key() is not None and m.key().decode() in task_ids:
-                    out.append(codec.decode("input", m.value()))
+        starts = dict.fromkeys(range(s.partitions), 0)
+        return [
+            codec.decode("input", m.value())
+            for m in read_to_end(c, s.topic("task-inputs"), starts, timeout=60)
+            if m.key() is not None and m.key().decode() in task_ids
+        ]
     finally:
         c.close()
-    return out
 
 
 def test_a_failed_task_dead_letters_and_its_dependents_end_cancelled(stack: Stack) -> None:

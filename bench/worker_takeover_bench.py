@@ -124,10 +124,23 @@ def once(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         codec = make_codec(s)
         c = consumer(s, f"bench-{uuid.uuid4()}")
         wanted = set(ids.values())
+        # A task's events are idempotent by version (event id `<task>:<version>`): a record written again
+        # after a takeover (the dead worker's write was durable, its table's was not) is the same event,
+        # and readers skip it. Two different events under one version would be a fork.
         successes: Counter[str] = Counter()
+        by_version: dict[str, Any] = {}
+        rewritten = forks = 0
         for m in read_to_end(c, s.topic("events"), dict.fromkeys(range(s.partitions), 0), timeout=60):
             for ev in r.task_events(codec.decode("event", m.value())):
-                if ev.task_id in wanted and isinstance(ev.payload, e.TaskSucceeded):
+                if ev.task_id not in wanted:
+                    continue
+                seen = by_version.get(ev.event_id)
+                if seen is not None:
+                    rewritten += 1
+                    forks += seen != ev.payload
+                    continue
+                by_version[ev.event_id] = ev.payload
+                if isinstance(ev.payload, e.TaskSucceeded):
                     successes[ev.task_id] += 1
         c.close()
         for p in procs:
@@ -148,6 +161,8 @@ def once(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "tasks": len(ids),
         "tasks_succeeded_once": sum(1 for t in ids.values() if successes[t] == 1),
         "tasks_succeeded_more_than_once": sum(1 for t in ids.values() if successes[t] > 1),
+        "events_written_again": rewritten,
+        "versions_with_two_different_events": forks,
     }
 
 
@@ -175,6 +190,8 @@ def main() -> int:
                 str(GIVE_UP_S): sum(r["every_task_succeeded_s"] is not None for r in runs)
             },
             "tasks_succeeded_more_than_once": sum(r["tasks_succeeded_more_than_once"] for r in runs),
+            "events_written_again": sum(r["events_written_again"] for r in runs),
+            "versions_with_two_different_events": sum(r["versions_with_two_different_events"] for r in runs),
             "each_run": runs,
             "when": when(),
         }

@@ -15,7 +15,7 @@ from typing import Any
 
 import faust
 from taskstream.connectors import broker
-from taskstream.connectors.faust_patches import ack_current_generation_only, read_committed_only
+from taskstream.connectors.faust_patches import ack_processed_only, read_committed_only
 from taskstream.connectors.kafka import make_codec
 from taskstream.connectors.keeper import Keeper
 from taskstream.connectors.services import ready_file
@@ -23,12 +23,14 @@ from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired
 from taskstream.streams.context import Context
 from taskstream.streams.lifecycle import Lifecycle
+from taskstream.streams.timers import TimerIndex
 from taskstream.streams.worker import ClaimWaiter, Executor
 
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
 TIMER_RESEND_MS = 5_000
+TIMER_REBUILD_S = 5.0  # how often the timer index is rebuilt from the table (timers of partitions taken over)
 
 
 def build_app(settings: Settings, index: int = 0) -> faust.App:
@@ -67,11 +69,12 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             holder["ctx"] = Context(s, make_codec(s), node, events, inputs, queue, dead, app.producer)
         return holder["ctx"]
 
+    due_index = TimerIndex()
     lifecycle_holder: dict[str, Lifecycle] = {}
 
     def lifecycle() -> Lifecycle:
         if "l" not in lifecycle_holder:
-            lifecycle_holder["l"] = Lifecycle(ctx(), tasks, timers)
+            lifecycle_holder["l"] = Lifecycle(ctx(), tasks, timers, due_index)
         return lifecycle_holder["l"]
 
     @app.agent(owned, name="lifecycle")
@@ -104,20 +107,31 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             await _guarded(ctx(), _Msg(event), "executor", executor.handle(qt))
 
     sent: dict[bytes, int] = {}
+    rebuilt = [0.0]
 
     @app.timer(interval=0.25)
     async def fire_timers() -> None:
+        """Send TimerFired for every due timer. Due ones come from the index (streams/timers.py), which
+        is rebuilt from the table every TIMER_REBUILD_S; the table decides (a timer changed or cleared
+        since is not fired). A fired timer is sent again after TIMER_RESEND_MS if it is still there."""
         now = int(time.time() * 1000)
-        due = []
-        for key, raw_timer in list(timers.items()):
+        if time.monotonic() - rebuilt[0] >= TIMER_REBUILD_S:
+            rebuilt[0] = time.monotonic()
+            due_index.rebuild((k, int(json.loads(v)["due"])) for k, v in list(timers.items()) if v is not None)
+        for key in due_index.due(now):
+            raw_timer = timers.get(key)
             if raw_timer is None:
                 continue
             t = json.loads(raw_timer)
-            if t["due"] <= now and now - sent.get(key, 0) > TIMER_RESEND_MS:
-                due.append((key, t))
-        for key, t in due:
+            if t["due"] > now:
+                due_index.note(key, int(t["due"]))  # moved later since it was noted
+                continue
+            if now - sent.get(key, 0) <= TIMER_RESEND_MS:
+                due_index.note(key, sent[key] + TIMER_RESEND_MS + 1)
+                continue
             tid = key.decode()
             sent[key] = now
+            due_index.note(key, now + TIMER_RESEND_MS + 1)  # looked at again then, if still there
             await ctx().send_all(
                 [
                     (
@@ -164,7 +178,7 @@ def run_worker(settings: Settings, index: int) -> None:
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     broker.install_client_patches(settings)
     read_committed_only()
-    ack_current_generation_only()
+    ack_processed_only()
     app = build_app(settings, index)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

@@ -20,6 +20,7 @@ from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
 from taskstream.streams.context import Context, unit_random
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
+from taskstream.streams.timers import TimerIndex
 
 from taskstream.core import commands as c
 from taskstream.core import events as e
@@ -33,10 +34,11 @@ LEASED = (Status.CLAIMED, Status.RUNNING)  # the statuses in which a claim's lea
 
 
 class Lifecycle:
-    def __init__(self, ctx: Context, tasks: Any, timers: Any) -> None:
+    def __init__(self, ctx: Context, tasks: Any, timers: Any, index: TimerIndex | None = None) -> None:
         self.ctx = ctx
         self.tasks = tasks  # faust Table: task id (bytes) -> TaskRecord JSON
         self.timers = timers  # faust Table: task id (bytes) -> {"due": ms, "purpose": str}
+        self.index = index or TimerIndex()  # when they are due (streams/timers.py)
 
     def load(self, task_id: str) -> TaskRecord:
         raw = self.tasks.get(task_id.encode())
@@ -115,10 +117,11 @@ class Lifecycle:
                     record.dependents.append(dep)
                 if record.state.is_terminal:
                     sends.append(self._ended_signal(record.state, dep, at))
-                elif record.state.version == 0 and not record.not_admitted:
-                    # A task of another submission not admitted (yet): wait for it, but not forever.
+                elif record.state.version == 0 and not record.not_admitted and inp.task_id.encode() not in self.timers:
+                    # A task of another submission not admitted (yet): wait for it, but not forever (a
+                    # dependent asking again does not move the deadline).
                     wait = {"due": at + self.ctx.settings.reference_wait_ms, "purpose": "admission_wait"}
-                    self.timers[inp.task_id.encode()] = json.dumps(wait).encode()
+                    self._set_timer(inp.task_id, wait)
             case r.TimerFired(purpose="admission_wait"):
                 stored = self.timers.get(inp.task_id.encode())
                 if stored is not None and json.loads(stored).get("purpose") == "admission_wait":
@@ -155,6 +158,14 @@ class Lifecycle:
                     cmds.append(c.ExpireLease(claim.claim_id, at, self.ctx.settings.lease_expiry_limit))
             case r.ReleaseClaim(claim_id=cid, reason=why):
                 cmds.append(c.ReleaseTask(cid, why, at))
+            case r.TimerFired(purpose="recheck"):
+                if record.state.status is not Status.WAITING:
+                    self._save(record, None)
+                    return
+                sends.extend(self._recheck(record, at))
+                await self.ctx.send_all(sends)
+                self._save(record, self._recheck_timer(record, at))
+                return
             case r.StartReport(claim_id=cid, pid=pid):
                 cmds.append(c.StartTask(cid, pid, at))
             case r.FinishReport():
@@ -269,13 +280,43 @@ class Lifecycle:
             sends.extend(more_sends)
         return out, timer
 
+    def _recheck(self, record: TaskRecord, at: int) -> list[tuple[Any, str, Any]]:
+        """Ask again each prerequisite that has not said it ended. Its answer (PrerequisiteEnded, if it
+        has) may have been lost: a Faust worker can skip an input during a rebalance (measured,
+        connectors/faust_patches.py), and nothing else would ever send it again."""
+        spec = record.state.spec
+        assert spec is not None
+        n = record.rechecks = record.rechecks + 1
+        tid = record.state.task_id
+        return [
+            (self.ctx.inputs, d, self.ctx.input(d, at, r.WatchPrerequisite(dependent=tid), f"{tid}:watch:{d}:{n}"))
+            for d in spec.dependencies
+            if d not in record.ended
+        ]
+
+    def _recheck_timer(self, record: TaskRecord, at: int) -> dict[str, Any] | None:
+        """While it waits for prerequisites: look again after recheck_ms, then twice as long each time."""
+        s = self.ctx.settings
+        if record.state.status is not Status.WAITING or not record.state.spec or not record.state.spec.dependencies:
+            return None
+        wait = min(s.recheck_max_ms, s.recheck_ms * 2 ** min(record.rechecks, 20))
+        return {"due": at + wait, "purpose": "recheck"}
+
+    def _set_timer(self, task_id: str, timer: dict[str, Any]) -> None:
+        key = task_id.encode()
+        self.timers[key] = json.dumps(timer).encode()
+        self.index.note(key, int(timer["due"]))
+
     def _save(self, record: TaskRecord, timer: Any) -> None:
         """Remember the task (only once its events are durable) and set, clear or keep its timer:
-        a dict sets it, None clears it, False leaves it as it is."""
+        a dict sets it, None clears it, False leaves it as it is. A task left waiting for prerequisites
+        without a timer gets its recheck timer."""
         key = record.state.task_id.encode()
+        if timer is False and record.state.status is Status.WAITING and key not in self.timers:
+            timer = self._recheck_timer(record, record.state.updated_ms) or False
         self.tasks[key] = dumps(record)
         if timer:
-            self.timers[key] = json.dumps(timer).encode()
+            self._set_timer(record.state.task_id, timer)
         elif timer is None and key in self.timers:
             del self.timers[key]
 

@@ -121,18 +121,26 @@ def rows(stack: Stack, sid: str) -> list[tuple[Any, ...]]:
 
 
 def history(stack: Stack, task_ids: set[str]) -> dict[str, list[r.EventRecord]]:
-    """Every committed event of these tasks, from the log, in log order per task."""
+    """Every committed event of these tasks, from the log, in log order per task, each version once."""
     s = stack.settings
     codec = make_codec(s)
     c = consumer(s, f"dispatch-{uuid.uuid4()}")
     out: dict[str, list[r.EventRecord]] = {t: [] for t in task_ids}
+    seen: dict[str, r.EventRecord] = {}
     try:
         topic = s.topic("events")
         ends = end_offsets(c, topic, list(range(s.partitions)))
         for m in read_to_end(c, topic, dict.fromkeys(range(s.partitions), 0), ends=ends, timeout=60):
             for ev in r.task_events(codec.decode("event", m.value())):
-                if ev.task_id in out:
-                    out[ev.task_id].append(ev)
+                if ev.task_id not in out:
+                    continue
+                # a record written again after a takeover is the same event (ids are <task>:<version>);
+                # readers skip it. Two different events under one version would be a fork of the history.
+                if ev.event_id in seen:
+                    assert seen[ev.event_id].payload == ev.payload, f"version fork: {seen[ev.event_id]} vs {ev}"
+                    continue
+                seen[ev.event_id] = ev
+                out[ev.task_id].append(ev)
     finally:
         c.close()
     return out

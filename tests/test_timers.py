@@ -1,0 +1,78 @@
+"""The timer index, and a waiting task asking its silent prerequisites again (pure parts)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from taskstream.schemas import records as r
+from taskstream.streams.lifecycle import Lifecycle
+from taskstream.streams.state_codec import TaskRecord, dumps, loads
+from taskstream.streams.timers import TimerIndex
+
+from taskstream.core.model import Status, TaskSpec, TaskState
+from taskstream.settings import Settings
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([b"a", b"b", b"c", b"d"]), st.integers(0, 100)), max_size=30),
+    st.integers(0, 100),
+)
+def test_the_index_yields_each_key_noted_due_by_now_once(noted: list[tuple[bytes, int]], now: int) -> None:
+    index = TimerIndex()
+    for key, due in noted:
+        index.note(key, due)
+    got = index.due(now)
+    assert got == sorted({k for k, d in noted if d <= now})
+    assert index.due(now) == []  # popped
+    later = index.due(10**9)
+    assert set(later) == {k for k, d in noted if d > now}
+
+
+def test_a_rebuild_replaces_what_was_noted() -> None:
+    index = TimerIndex()
+    index.note(b"gone", 5)
+    index.rebuild([(b"x", 7), (b"y", 3)])
+    assert index.due(6) == [b"y"] and index.due(7) == [b"x"] and len(index) == 0
+
+
+def lifecycle(**settings: Any) -> Lifecycle:
+    def make_input(task_id: str, at: int, body: Any, input_id: str) -> r.InputRecord:
+        return r.InputRecord(input_id, task_id, at, "test", body)
+
+    ctx = SimpleNamespace(settings=Settings(**settings), inputs="inputs", input=make_input)
+    return Lifecycle(ctx, {}, {})  # type: ignore[arg-type]
+
+
+def waiting(deps: tuple[str, ...], ended: dict[str, str]) -> TaskRecord:
+    spec = TaskSpec("t", "acme", ("true",), dependencies=deps)
+    return TaskRecord(TaskState("t1", Status.WAITING, 2, spec, "s"), ended=dict(ended))
+
+
+def test_a_waiting_task_asks_again_only_the_prerequisites_that_have_not_answered() -> None:
+    lc = lifecycle(recheck_ms=1000, recheck_max_ms=8000)
+    rec = waiting(("p1", "p2", "p3"), {"p2": "SUCCEEDED"})
+    sends = lc._recheck(rec, at=50)
+    assert [(key, body.body) for _, key, body in sends] == [
+        ("p1", r.WatchPrerequisite("t1")),
+        ("p3", r.WatchPrerequisite("t1")),
+    ]
+    assert len({body.input_id for _, _, body in sends}) == 2  # a new id each round, so none is deduplicated away
+    assert lc._recheck(rec, at=60)[0][2].input_id != sends[0][2].input_id
+
+
+def test_rechecks_back_off_to_a_ceiling_and_stop_once_the_task_is_not_waiting() -> None:
+    lc = lifecycle(recheck_ms=1000, recheck_max_ms=8000)
+    rec = waiting(("p1",), {})
+    dues = []
+    for _ in range(6):
+        timer = lc._recheck_timer(rec, at=0)
+        assert timer is not None and timer["purpose"] == "recheck"
+        dues.append(timer["due"])
+        lc._recheck(rec, at=0)
+    assert dues == [1000, 2000, 4000, 8000, 8000, 8000]
+    assert loads(dumps(rec)).rechecks == 6
+    ready = TaskRecord(TaskState("t1", Status.READY, 3, rec.state.spec, "s"))
+    assert lc._recheck_timer(ready, at=0) is None

@@ -18,6 +18,7 @@ class TaskRecord:
     ended: dict[str, str] = field(default_factory=dict)  # prerequisite id -> how it ended
     not_admitted: bool = False  # its dependents waited reference_wait_ms and were told it never came
     lease_until_ms: int | None = None  # the current claim's lease, moved on by the worker's heartbeats
+    rechecks: int = 0  # times it asked its prerequisites again (while waiting)
 
 
 def dumps(rec: TaskRecord) -> bytes:
@@ -37,6 +38,7 @@ def dumps(rec: TaskRecord) -> bytes:
         "updated_ms": s.updated_ms,
         "fenced_claims": list(s.fenced_claims),
         "lease_expiries": s.lease_expiries,
+        "cancelled_claim": s.cancelled_claim,
     }
     return json.dumps(
         {
@@ -45,6 +47,7 @@ def dumps(rec: TaskRecord) -> bytes:
             "ended": rec.ended,
             "not_admitted": rec.not_admitted,
             "lease_until_ms": rec.lease_until_ms,
+            "rechecks": rec.rechecks,
         }
     ).encode()
 
@@ -67,6 +70,7 @@ def loads(raw: bytes) -> TaskRecord:
         updated_ms=d["updated_ms"],
         fenced_claims=tuple(d.get("fenced_claims", ())),
         lease_expiries=int(d.get("lease_expiries", 0)),
+        cancelled_claim=d.get("cancelled_claim"),
     )
     return TaskRecord(
         state,
@@ -74,4 +78,5 @@ def loads(raw: bytes) -> TaskRecord:
         dict(obj["ended"]),
         bool(obj.get("not_admitted", False)),
         obj.get("lease_until_ms"),
+        int(obj.get("rechecks", 0)),
     )

@@ -6,8 +6,9 @@ claim it sends heartbeats, which keep the claim's lease alive; if they stop (the
 owner expires the lease and the task runs again elsewhere, and anything this worker reports under that
 claim later is refused. It reports the start, then the exit status and a bounded tail of the output. A
 run over its execution cap is killed (SIGTERM to its process group, SIGKILL after a grace period) and
-reported as such. Task processes die with their worker (connectors/keeper.py). Told to stop, a worker
-gives its running tasks `drain_ms` to finish, then kills them and hands them back (ReleaseClaim).
+reported as such; so is a run whose task is cancelled (the worker sees TaskCancelled on the log). Task
+processes die with their worker (connectors/keeper.py). Told to stop, a worker gives its running tasks
+`drain_ms` to finish, then kills them and hands them back (ReleaseClaim).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import signal
 import time
 import uuid
+from asyncio import FIRST_COMPLETED
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +33,39 @@ from taskstream.streams.context import EVENT_HEADER, Context
 from taskstream.core import events as e
 
 log = logging.getLogger(__name__)
-KILL_GRACE_S = 5.0
 CLAIM_TIMEOUT_S = 60.0
+CLAIM_RESEND_S = 10.0  # a claim request with no verdict yet is sent again this often
 VERDICTS = (b"TaskClaimed", b"ClaimRejected")
+WATCHED = (*VERDICTS, b"TaskCancelled")
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
 
 
 class ClaimWaiter:
-    """Follows the events topic from the moment the worker starts and resolves pending claims."""
+    """Follows the events topic from the moment the worker starts: resolves pending claims, and tells the
+    runs of cancelled tasks that they are."""
 
     def __init__(self, ctx: Context, worker_id: str) -> None:
         self.ctx = ctx
         self.worker_id = worker_id
         self.pending: dict[str, asyncio.Future[e.Event]] = {}
+        self.cancels: dict[str, asyncio.Future[str]] = {}  # task id -> the reason, once it is cancelled
         self.ready = asyncio.Event()
 
     def expect(self, claim_id: str) -> asyncio.Future[e.Event]:
         fut: asyncio.Future[e.Event] = asyncio.get_running_loop().create_future()
         self.pending[claim_id] = fut
         return fut
+
+    def watch(self, task_id: str) -> asyncio.Future[str]:
+        """A future that gets the cancellation's reason if the task is cancelled while watched."""
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.cancels[task_id] = fut
+        return fut
+
+    def unwatch(self, task_id: str) -> None:
+        fut = self.cancels.pop(task_id, None)
+        if fut is not None and not fut.done():
+            fut.cancel()
 
     async def run(self) -> None:
         s = self.ctx.settings
@@ -73,7 +89,7 @@ class ClaimWaiter:
                 for msgs in batches.values():
                     for m in msgs:
                         kind = dict(m.headers or ()).get(EVENT_HEADER)
-                        if kind is None or kind in VERDICTS:  # no header: an older writer; decode to be sure
+                        if kind is None or kind in WATCHED:  # no header: an older writer; decode to be sure
                             self._see(m.value)
         finally:
             await consumer.stop()
@@ -88,6 +104,10 @@ class ClaimWaiter:
             fut = self.pending.pop(p.claim_id)
             if not fut.done():
                 fut.set_result(p)
+        elif isinstance(p, e.TaskCancelled) and rec.task_id in self.cancels:
+            told = self.cancels[rec.task_id]
+            if not told.done():
+                told.set_result(p.reason)
 
 
 def _tail(buf: bytearray, limit: int) -> str:
@@ -117,23 +137,43 @@ class Executor:
         self.work_root = ctx.settings.state_dir / "work"
 
     async def handle(self, qt: r.QueuedTask) -> None:
-        claim_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{qt.task_id}/{qt.attempt}/{self.worker_id}"))
         await self.waiter.ready.wait()
+        cancelled = self.waiter.watch(qt.task_id)
+        try:
+            await self._claim_and_run(qt, cancelled)
+        finally:
+            self.waiter.unwatch(qt.task_id)
+
+    async def _claim_and_run(self, qt: r.QueuedTask, cancelled: asyncio.Future[str]) -> None:
+        claim_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{qt.task_id}/{qt.attempt}/{self.worker_id}"))
         verdict = self.waiter.expect(claim_id)
         now = int(time.time() * 1000)
-        await self._report(qt.task_id, now, r.ClaimRequest(qt.attempt, self.worker_id, claim_id), f"{claim_id}:claim")
-        try:
-            outcome = await asyncio.wait_for(verdict, CLAIM_TIMEOUT_S)
-        except TimeoutError:
+        outcome = None
+        waited = 0.0
+        while outcome is None and waited < CLAIM_TIMEOUT_S:
+            # sent again while no verdict comes: a request can be lost in a rebalance of the owners
+            request = r.ClaimRequest(qt.attempt, self.worker_id, claim_id)
+            await self._report(qt.task_id, now, request, f"{claim_id}:claim")
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(verdict), CLAIM_RESEND_S)
+            except TimeoutError:
+                waited += CLAIM_RESEND_S
+        if outcome is None:
             self.waiter.pending.pop(claim_id, None)
+            verdict.cancel()
             log.warning("no verdict on claim %s for task %s within %.0fs", claim_id, qt.task_id, CLAIM_TIMEOUT_S)
             return
         if isinstance(outcome, e.ClaimRejected):
             log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
             return
+        if cancelled.done():  # cancelled between the claim and now: nothing to run
+            why = f"cancelled before it started ({cancelled.result()})"
+            finish = r.FinishReport(claim_id, None, "", 0, why)
+            await self._report(qt.task_id, int(time.time() * 1000), finish, f"{claim_id}:finish")
+            return
         beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))
         try:
-            await self._run(qt, claim_id)
+            await self._run(qt, claim_id, cancelled)
         finally:
             beats.cancel()
 
@@ -150,7 +190,7 @@ class Executor:
     async def _report(self, task_id: str, at: int, body: Any, input_id: str) -> None:
         await self.ctx.send_all([(self.ctx.inputs, task_id, self.ctx.input(task_id, at, body, input_id))])
 
-    async def _run(self, qt: r.QueuedTask, claim_id: str) -> None:
+    async def _run(self, qt: r.QueuedTask, claim_id: str, cancelled: asyncio.Future[str]) -> None:
         spec = qt.spec
         env = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
         env.update(spec.env)
@@ -184,24 +224,32 @@ class Executor:
         if self.keeper is not None:
             self.keeper.watch(proc.pid)
         try:
-            await self._supervise(qt, claim_id, proc, started)
+            await self._supervise(qt, claim_id, proc, started, cancelled)
         finally:
             _kill_group(proc.pid, signal.SIGKILL)  # nothing the task started outlives it
             if self.keeper is not None:
                 self.keeper.forget(proc.pid)
 
-    async def _supervise(self, qt: r.QueuedTask, claim_id: str, proc: Any, started: float) -> None:
+    async def _supervise(
+        self, qt: r.QueuedTask, claim_id: str, proc: Any, started: float, cancelled: asyncio.Future[str]
+    ) -> None:
         spec = qt.spec
         limit = self.ctx.settings.output_tail_bytes
+        grace = self.ctx.settings.kill_grace_ms / 1000
         await self._report(qt.task_id, int(time.time() * 1000), r.StartReport(claim_id, proc.pid), f"{claim_id}:start")
         assert proc.stdout is not None
         reader = asyncio.create_task(_read_tail(proc.stdout, limit))
         reason = ""
         try:
-            await asyncio.wait_for(proc.wait(), spec.execution_cap_ms / 1000)
-        except TimeoutError:
-            reason = f"killed: ran over its execution cap of {spec.execution_cap_ms / 1000:g}s"
-            await _terminate(proc)
+            ended = asyncio.ensure_future(proc.wait())
+            await asyncio.wait({ended, cancelled}, timeout=spec.execution_cap_ms / 1000, return_when=FIRST_COMPLETED)
+            if not ended.done():
+                ended.cancel()
+                if cancelled.done():
+                    reason = f"killed: cancelled ({cancelled.result()})"
+                else:
+                    reason = f"killed: ran over its execution cap of {spec.execution_cap_ms / 1000:g}s"
+                await _terminate(proc, grace)
         except asyncio.CancelledError:  # the worker is stopping: drain
             if not await self._drain(qt, claim_id, proc):
                 reader.cancel()
@@ -229,7 +277,7 @@ class Executor:
             return True
         except (TimeoutError, asyncio.CancelledError):
             pass
-        await _terminate(proc)
+        await _terminate(proc, self.ctx.settings.kill_grace_ms / 1000)
         why = f"its worker {self.worker_id} stopped; the task did not finish within {drain:g}s"
         with contextlib.suppress(Exception):
             await self._report(
@@ -239,11 +287,11 @@ class Executor:
         return False
 
 
-async def _terminate(proc: Any) -> None:
-    """SIGTERM to the task's process group, SIGKILL after KILL_GRACE_S."""
+async def _terminate(proc: Any, grace_s: float) -> None:
+    """SIGTERM to the task's process group, SIGKILL `grace_s` later if it has not ended."""
     _kill_group(proc.pid, signal.SIGTERM)
     try:
-        await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE_S)
+        await asyncio.wait_for(asyncio.shield(proc.wait()), grace_s)
     except (TimeoutError, asyncio.CancelledError):
         _kill_group(proc.pid, signal.SIGKILL)
         await asyncio.shield(proc.wait())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,8 +24,8 @@ graph_app = typer.Typer(no_args_is_help=True, help="Ask the dependency graph (La
 app.add_typer(graph_app, name="graph")
 serve_app = typer.Typer(hidden=True, help="Run one service in the foreground (the supervisor uses these).")
 app.add_typer(serve_app, name="serve")
-console = Console()
-err = Console(stderr=True)
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
 TERMINAL = {"SUCCEEDED", "DEAD_LETTERED", "CANCELLED", "REJECTED"}
 STYLE = {
     "SUCCEEDED": "green",
@@ -43,13 +44,23 @@ def settings(probe: bool = True) -> Settings:
     try:
         return choose(Settings.from_env(), probe=probe).settings
     except SettingsError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {lit(exc)}")
         raise typer.Exit(2) from exc
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/] {message}")
+    err.print(f"[red]error:[/] {lit(message)}")
     raise typer.Exit(code)
+
+
+def lit(value: Any) -> str:
+    """`value` as text that prints literally: markup escaped (a task's output holding `[/x]` made rich
+    raise, and `[red]` styled it), control characters other than newline and tab shown as `\\xNN` (an
+    escape sequence in an output tail would otherwise style or move the reader's terminal)."""
+    return escape(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value)))
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 # ---- up / down ---------------------------------------------------------------------------------------
@@ -223,9 +234,9 @@ def submit(
     try:
         sub = parse_document(load_document(file), str(file))
     except SubmissionError as exc:
-        err.print(f"[red]error:[/] {file}: {len(exc.errors)} problem(s):")
+        err.print(f"[red]error:[/] {lit(file)}: {len(exc.errors)} problem(s):")
         for e in exc.errors:
-            err.print(f"  - {e}")
+            err.print(f"  - {lit(e)}")
         raise typer.Exit(2) from exc
     s = settings()
     try:
@@ -238,12 +249,12 @@ def submit(
         err.print(f"[red]rejected:[/] submission {sid}:")
         for problem in outcome.errors:
             where = f"task {problem['task']!r}" if problem.get("task") else "submission"
-            err.print(f"  - {where}, field {problem['field']!r}: {problem['reason']}")
+            err.print(f"  - {lit(where)}, field {lit(repr(problem['field']))}: {lit(problem['reason'])}")
         raise typer.Exit(1)
     console.print(f"[green]accepted[/] submission {sid}: {len(outcome.task_ids)} task(s)")
     if not follow:
         for name, tid in outcome.task_ids.items():
-            console.print(f"  {name}  {tid}")
+            console.print(f"  {lit(name)}  {tid}")
         return
     ok = follow_submission(s, sid, timeout, tasks=len(outcome.task_ids))
     raise typer.Exit(0 if ok else 1)
@@ -277,7 +288,7 @@ def follow_submission(s: Settings, sid: str, timeout: float, tasks: int | None =
                     if seen.get(name) != status:
                         seen[name] = status
                         style = STYLE.get(status, "white")
-                        progress.console.print(f"  {name:<24} [{style}]{status}[/] (attempt {attempt})")
+                        progress.console.print(f"  {lit(f'{name:<24}')} [{style}]{status}[/] (attempt {attempt})")
                 done = sum(1 for r in rows if r[1] in TERMINAL)
                 counts: dict[str, int] = {}
                 for r in rows:
@@ -298,12 +309,12 @@ def follow_submission(s: Settings, sid: str, timeout: float, tasks: int | None =
     for name, status, attempt, code, started, finished, reason, _tid in rows:
         took = f"{(finished - started).total_seconds():.2f}s" if started and finished else "-"
         t.add_row(
-            name,
+            lit(name),
             f"[{STYLE.get(status, 'white')}]{status}[/]",
             str(attempt),
             "-" if code is None else str(code),
             took,
-            reason or "",
+            lit(reason or ""),
         )
     console.print(t)
     all_ok = bool(rows) and all(r[1] == "SUCCEEDED" for r in rows)
@@ -348,16 +359,16 @@ def status(task: Annotated[str | None, typer.Argument(help="a task id; omit for 
         if row is None:
             fail(f"no task {task} in the read model (it may not be projected yet; try `taskstream audit {task}`)")
         name, tenant, st, version, attempt, worker, code, reason, argv, sid, deps = row
-        console.print(f"task {task} [bold]{name}[/] (tenant {tenant}, submission {sid})")
+        console.print(f"task {lit(task)} [bold]{lit(name)}[/] (tenant {lit(tenant)}, submission {sid})")
         console.print(
             f"  status [{STYLE.get(st, 'white')}]{st}[/] · version {version} · attempt {attempt} · "
-            f"worker {worker or '-'} · exit {code if code is not None else '-'}"
+            f"worker {lit(worker or '-')} · exit {code if code is not None else '-'}"
         )
-        console.print(f"  argv {argv}")
+        console.print(f"  argv {lit(argv)}")
         if deps:
             console.print(f"  depends on {', '.join(str(d) for d in deps)}")
         if reason:
-            console.print(f"  why: {reason}")
+            console.print(f"  why: {lit(reason)}")
         t = Table(title="attempts")
         for col in ("#", "worker", "started", "ended", "exit", "outcome", "output (tail)"):
             t.add_column(col)
@@ -368,12 +379,12 @@ def status(task: Annotated[str | None, typer.Argument(help="a task id; omit for 
         ):
             t.add_row(
                 str(n),
-                w or "-",
+                lit(w or "-"),
                 str(started or "-"),
                 str(ended or "-"),
                 "-" if ec is None else str(ec),
                 outcome or "-",
-                (tail or "").strip()[-200:],
+                lit((tail or "").strip()[-200:]),
             )
         console.print(t)
 
@@ -469,8 +480,100 @@ def audit(
     for col in ("v", "event", "event time", "log time", "by", "details"):
         t.add_column(col)
     for h in history:
-        t.add_row(str(h["version"]), h["event"], h["event_time"], h["log_time"], h["node"], h["details"])
+        t.add_row(*(lit(h[k]) for k in ("version", "event", "event_time", "log_time", "node", "details")))
     console.print(t)
+
+
+# ---- cancel / reprioritize -----------------------------------------------------------------------------
+
+
+@app.command()
+def cancel(
+    task: Annotated[str, typer.Argument(help="a task id")],
+    reason: Annotated[str, typer.Option(help="why, recorded with the cancellation")] = "",
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the cancellation to be recorded")] = 30.0,
+) -> None:
+    """Cancel a task. One not yet running never runs; a running one's process group gets SIGTERM, then
+    SIGKILL after kill_grace_ms, and its run is recorded as killed. Its dependents end cancelled too.
+    Exit status: 0 cancelled, 1 unknown or already ended (or it ended first), 2 not recorded in time."""
+    from taskstream.sdk import Client, SubmitError
+
+    s = settings()
+    try:
+        with Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}") as client:
+            before = client.task(task)
+            client.cancel(task, reason or f"cancelled by {client.issuer}")
+            after = _wait_task(client, task, lambda t: t["status"] in TERMINAL, timeout)
+            if after is None:
+                fail(f"the cancellation of task {task} was sent but not recorded within {timeout:.0f}s", 2)
+            if after["status"] != "CANCELLED":
+                fail(f"task {task} ended {after['status'].lower()} before the cancellation reached it")
+            console.print(f"[yellow]cancelled[/] task {task} ({lit(before['name'])}): {lit(after['reason'])}")
+            if before["status"] in ("CLAIMED", "RUNNING"):
+                ended = _wait_attempt_end(s, task, before["attempt"], timeout)
+                where = f"on worker {lit(before['worker'])}" if before["worker"] else ""
+                if ended is None:
+                    err.print(f"[yellow]its run {where} has not reported its end yet[/]")
+                else:
+                    console.print(f"  its run {where} ended: {lit(ended)}")
+    except SubmitError as exc:
+        fail(str(exc))
+
+
+@app.command()
+def reprioritize(
+    task: Annotated[str, typer.Argument(help="a task id")],
+    priority: Annotated[int, typer.Argument(help="the new priority (higher runs first among ready tasks)")],
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the change to be recorded")] = 30.0,
+) -> None:
+    """Change the priority of a task not yet queued. Exit status: 0 changed, 1 unknown, ended or already
+    queued, 2 not recorded in time."""
+    from taskstream.sdk import REPRIORITIZABLE, Client, SubmitError
+
+    s = settings()
+    try:
+        with Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}") as client:
+            before = client.task(task)
+            client.reprioritize(task, priority)
+            after = _wait_task(
+                client, task, lambda t: t["priority"] == priority or t["status"] not in REPRIORITIZABLE, timeout
+            )
+    except SubmitError as exc:
+        fail(str(exc))
+    if after is None:
+        fail(f"the new priority of task {task} was sent but not recorded within {timeout:.0f}s", 2)
+    if after["priority"] != priority:
+        fail(f"task {task} was queued ({after['status'].lower()}) before the new priority reached it")
+    console.print(f"task {task} ({lit(before['name'])}): priority {before['priority']} -> {priority}")
+
+
+def _wait_task(client: Any, task: str, done: Any, timeout: float) -> dict[str, Any] | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = client.task(task)
+        if done(row):
+            return row  # type: ignore[no-any-return]
+        time.sleep(0.2)
+    return None
+
+
+def _wait_attempt_end(s: Settings, task: str, attempt: int, timeout: float) -> str | None:
+    """How the attempt ended ("exit -15: killed: cancelled (…)"), once the read model has it."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(s.dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT exit_code, reason, outcome FROM attempts WHERE task_id = %s AND attempt = %s AND ended_at "
+                "IS NOT NULL",
+                (task, attempt),
+            ).fetchone()
+            if row is not None:
+                code, why, outcome = row
+                return f"{outcome.lower()}, exit {'-' if code is None else code}: {why or ''}".rstrip(": ")
+            time.sleep(0.2)
+    return None
 
 
 # ---- graph ---------------------------------------------------------------------------------------------
@@ -576,8 +679,8 @@ def tail(
                         print(json.dumps(row, default=str), flush=True)
                     else:
                         console.print(
-                            f"{row.get('log_time', '')} {row.get('task_id') or row.get('submission_id', '')} "
-                            f"v{row.get('version', '?')} [bold]{row['event']}[/] {row['details']}"
+                            f"{lit(row.get('log_time', ''))} {lit(row.get('task_id') or row.get('submission_id', ''))}"
+                            f" v{lit(row.get('version', '?'))} [bold]{lit(row['event'])}[/] {lit(row['details'])}"
                         )
                     seen += 1
                     if count and seen >= count:
@@ -650,7 +753,7 @@ def replay(
             problems.append(f"{name}: first difference: {diff}")
     console.print(t)
     for p in problems:
-        err.print(p)
+        err.print(lit(p))
     if swap:
         st = sup.read_status(s) or {}
         services = st.get("services", {})

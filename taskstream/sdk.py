@@ -32,6 +32,15 @@ class SubmitError(RuntimeError):
     pass
 
 
+class TaskError(SubmitError):
+    """A request about a task that cannot apply: the task is unknown, has ended, or is past the point
+    where the request means anything."""
+
+
+TERMINAL = frozenset({"SUCCEEDED", "DEAD_LETTERED", "CANCELLED", "REJECTED"})
+REPRIORITIZABLE = frozenset({"SUBMITTED", "WAITING", "READY", "RETRY_WAIT"})  # core/machine.py TRANSITIONS
+
+
 @dataclass(frozen=True)
 class Outcome:
     submission_id: str
@@ -105,11 +114,48 @@ class Client:
         self._send(key, body, command_id)
         return command_id, sid
 
-    def cancel(self, task_id: str, reason: str = "") -> str:
+    def cancel(self, task_id: str, reason: str = "", *, check: bool = True) -> str:
+        """Ask the task's owner to cancel it: a task not yet running never runs; a running one is
+        killed (SIGTERM to its process group, SIGKILL after kill_grace_ms) and that is recorded. With
+        `check`, a task unknown to the read model or already ended raises TaskError instead. Returns
+        the command id; the owner decides (a task that ends first stays as it ended)."""
+        if check:
+            st = self.task(task_id)["status"]
+            if st in TERMINAL:
+                raise TaskError(f"task {task_id} has already ended ({st.lower()}); there is nothing to cancel")
         return self._send(task_id, CancelTaskRequest(task_id, reason))
 
-    def reprioritize(self, task_id: str, priority: int) -> str:
+    def reprioritize(self, task_id: str, priority: int, *, check: bool = True) -> str:
+        """Ask the task's owner to change its priority, which orders it among the ready tasks until it is
+        queued. With `check`, a task unknown, ended or already queued raises TaskError instead."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TaskError(f"priority must be an integer, got {priority!r}")
+        if check:
+            st = self.task(task_id)["status"]
+            if st not in REPRIORITIZABLE:
+                past = "has already ended" if st in TERMINAL else "is already queued for a worker"
+                raise TaskError(f"task {task_id} {past} ({st.lower()}); its priority no longer orders anything")
         return self._send(task_id, ReprioritizeTaskRequest(task_id, priority))
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        """The task as the PostgreSQL read model has it now (status, priority, attempt, worker, reason,
+        name); TaskError if the id is not a task id or the read model has no such task."""
+        try:
+            uuid.UUID(task_id)
+        except ValueError:
+            raise TaskError(f"{task_id!r} is not a task id (a UUID, as `taskstream submit` prints)") from None
+        try:
+            with psycopg.connect(self.settings.dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT status, priority, attempt, worker, reason, name FROM tasks WHERE task_id = %s",
+                    (task_id,),
+                ).fetchone()
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SubmitError(f"cannot reach PostgreSQL (is the stack up?): {first}") from exc
+        if row is None:
+            raise TaskError(f"no task {task_id} in the read model (unknown, or submitted a moment ago)")
+        return dict(zip(("status", "priority", "attempt", "worker", "reason", "name"), row, strict=True))
 
     def _decisions_end(self, submission_id: str) -> TopicPartition:
         """The end of the events partition a submission's decision goes to (keyed by submission id)."""

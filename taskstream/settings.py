@@ -69,6 +69,13 @@ class Settings:
     # A worker told to stop (SIGTERM) takes no new task and gives its running ones this long to finish;
     # then it kills them and hands them back (they run again elsewhere, no retry used up).
     drain_ms: int = 10_000
+    # A task's process group being stopped (cancelled, over its cap, drained) gets SIGTERM, then SIGKILL
+    # this long after.
+    kill_grace_ms: int = 5_000
+    # A task waiting for prerequisites asks again those that have not said they ended, after
+    # recheck_ms, then twice as long each time up to recheck_max_ms (an answer lost in a rebalance).
+    recheck_ms: int = 30_000
+    recheck_max_ms: int = 600_000
     # A Faust worker silent this long (its consumer-group session) loses its partitions to the others.
     worker_session_timeout_ms: int = 6000
     # Admission workers (the submitter cluster, streams/admitter.py).

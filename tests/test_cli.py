@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import time
+import uuid
 
 import psycopg
 import pytest
 
-from tests.conftest import ROOT, Stack, stack_env, taskstream
+from tests.conftest import ROOT, Stack, stack_env, taskstream, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -138,3 +144,116 @@ def test_state_survives_down_then_up(stack: Stack, tmp_path) -> None:  # type: i
     assert status == "SUCCEEDED"
     again = stack.cli("submit", str(ROOT / "examples" / "hello.yaml"), "--follow", "--timeout", "90")
     assert "SUCCEEDED" in again.stdout
+
+
+def test_data_is_printed_literally_never_as_markup_or_escape_sequences(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    program = "print('[/x] [red]styled[/red] \\x1b[31mred\\x1b[0m [bold]end')"
+    dag = tmp_path / "markup.yaml"
+    dag.write_text(f"tenant: acme\ntasks:\n  - name: loud\n    argv: [python3, -c, {json.dumps(program)}, '[/bold]']\n")
+    out = stack.cli("submit", str(dag), "--follow", "--timeout", "90")
+    assert "loud" in out.stdout and "SUCCEEDED" in out.stdout
+    sid = out.stdout.split("accepted submission ")[1].split(":")[0]
+    with psycopg.connect(stack.settings.dsn) as conn:
+        (tid,) = conn.execute("SELECT task_id::text FROM tasks WHERE submission_id = %s", (sid,)).fetchone()
+
+    one = stack.cli("status", tid).stdout
+    assert "[/x] [red]styled[/red] \\x1b[31mred\\x1b[0m [bold]end" in one  # the output tail, as printed
+    assert "'[/bold]'" in one  # argv
+    history = stack.cli("audit", tid).stdout
+    for token in ("[/x]", "[red]styled[/red]", "\\x1b[31mred\\x1b[0m", "'[/bold]'"):  # a table cell may wrap
+        assert token in history, history
+    for text in (out.stdout, one, history):
+        assert "\x1b" not in text
+
+    # tail shows every event of the log; one such output once made it exit with a traceback
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "taskstream", "tail", "--from-beginning"],
+        env={**stack.env, "COLUMNS": "400"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while time.monotonic() < deadline and not (tid in line and "TaskSucceeded" in line):
+            line = follow.stdout.readline()  # type: ignore[union-attr]
+            assert line or follow.poll() is None, follow.stderr.read()  # type: ignore[union-attr]
+        assert tid in line and "output_tail=[/x] [red]styled[/red] \\x1b[31mred" in line and "\x1b" not in line
+        assert follow.poll() is None  # still following
+    finally:
+        follow.kill()
+        follow.communicate()
+
+
+def test_an_argv_item_that_is_not_a_string_is_refused_with_the_task_named(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bool.yaml"
+    bad.write_text("tenant: acme\ntasks:\n  - name: flag\n    argv: [true]\n  - name: nap\n    argv: [sleep, 5]\n")
+    out = stack.cli("submit", str(bad), check=False)
+    assert out.returncode == 2
+    assert "task 'flag', field 'argv[0]': must be a string, got bool True" in out.stderr
+    assert "task 'nap', field 'argv[1]': must be a string, got int 5" in out.stderr
+
+
+def test_cancel_kills_a_running_task_and_both_commands_refuse_what_they_cannot_change(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    stubborn = (
+        "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(300)"
+    )
+    dag = tmp_path / "long.yaml"
+    dag.write_text(
+        f"tenant: acme\ntasks:\n  - name: long\n    argv: [python3, -c, {json.dumps(stubborn)}]\n"
+        "  - name: after\n    argv: [python3, -c, 'print(1)']\n    dependencies: [long]\n"
+    )
+    out = stack.cli("submit", str(dag))
+    ids = dict(re.findall(r"^  (\S+)  ([0-9a-f-]{36})$", out.stdout, re.M))
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
+
+        def pid() -> int | None:
+            row = conn.execute(
+                "SELECT pid FROM attempts WHERE task_id = %s AND started_at IS NOT NULL", (ids["long"],)
+            ).fetchone()
+            return row[0] if row else None
+
+        proc = wait_until(pid, 60, "the long task to start")
+        wait_until(lambda: conn.execute("SELECT 1 FROM tasks WHERE task_id = %s", (ids["after"],)).fetchone(), 30)
+        moved = stack.cli("reprioritize", ids["after"], "7")
+        assert "priority 0 -> 7" in moved.stdout
+        assert conn.execute("SELECT priority FROM tasks WHERE task_id = %s", (ids["after"],)).fetchone() == (7,)
+
+        gone = stack.cli("cancel", ids["long"], "--reason", "no longer needed")
+        assert "cancelled" in gone.stdout and "no longer needed" in gone.stdout
+        assert "killed: cancelled (no longer needed)" in gone.stdout  # it ignored SIGTERM: SIGKILL after the grace
+        wait_until(lambda: not _alive(proc), 10, "the task's process to be gone")
+        attempt = conn.execute(
+            "SELECT outcome, exit_code, reason FROM attempts WHERE task_id = %s", (ids["long"],)
+        ).fetchone()
+        assert attempt == ("FAILED", -signal.SIGKILL, "killed: cancelled (no longer needed)")
+        wait_until(
+            lambda: (
+                conn.execute("SELECT status FROM tasks WHERE task_id = %s", (ids["after"],)).fetchone()
+                == ("CANCELLED",)
+            ),
+            30,
+            "its dependent to end cancelled",
+        )
+    history = [json.loads(x)["event"] for x in stack.cli("audit", ids["long"], "--json").stdout.splitlines()]
+    assert history[-2:] == ["TaskCancelled", "TaskFailed"] and "TaskSucceeded" not in history
+
+    again = stack.cli("cancel", ids["long"], check=False)
+    assert again.returncode == 1 and f"task {ids['long']} has already ended (cancelled)" in again.stderr
+    late = stack.cli("reprioritize", ids["after"], "1", check=False)
+    assert late.returncode == 1 and "has already ended (cancelled)" in late.stderr
+    unknown = str(uuid.uuid4())
+    nobody = stack.cli("cancel", unknown, check=False)
+    assert nobody.returncode == 1 and f"no task {unknown} in the read model" in nobody.stderr
+    garbled = stack.cli("reprioritize", "not-a-task", "3", check=False)
+    assert garbled.returncode == 1 and "'not-a-task' is not a task id" in garbled.stderr
+    assert "Traceback" not in nobody.stderr + garbled.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

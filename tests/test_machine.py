@@ -154,6 +154,22 @@ def test_a_released_task_runs_again_without_using_a_retry() -> None:
     assert isinstance(decide(state, c.FinishTask("claim-1", 0, "", 1, "", 41))[0], e.CompletionRejected)  # type: ignore[index]
 
 
+def test_cancelling_a_running_task_records_how_its_killed_run_ended_and_nothing_else() -> None:
+    cancelled = [*RUNNING, e.TaskCancelled("not needed")]
+    state = given_(cancelled)
+    assert state.status is Status.CANCELLED and state.cancelled_claim == "claim-1" and state.claim is None
+    kill = c.FinishTask("claim-1", -15, "bye", 30, "killed: cancelled (not needed)", 50)
+    out = decide(state, kill)
+    assert out == [e.TaskFailed("claim-1", -15, "bye", 30, "killed: cancelled (not needed)")]
+    after = given_([*cancelled, *out])
+    assert after.status is Status.CANCELLED and after.reason == "not needed" and after.cancelled_claim is None
+    assert isinstance(decide(after, kill), Rejection)  # reported once
+    assert decide(state, c.StartTask("claim-1", 7, 50)) == [e.CompletionRejected("claim-1", "the task was cancelled")]
+    assert isinstance(decide(state, c.FinishTask("claim-0", 0, "", 1, "", 50)), Rejection)  # not its claim
+    # a task cancelled before it was claimed has no run to kill
+    assert given_([*READY, e.TaskCancelled("early")]).cancelled_claim is None
+
+
 def test_a_stale_expiry_is_refused_and_expiries_past_the_limit_dead_letter() -> None:
     fresh = given_(EXPIRED + [e.TaskQueued(2, "default"), e.TaskClaimed(2, "w2", "claim-2")])
     assert isinstance(decide(fresh, c.ExpireLease("claim-1", 80, limit=3)), Rejection)  # an old timer
@@ -259,7 +275,9 @@ def test_a_task_never_starts_without_a_claim_and_attempts_never_exceed_the_limit
         if isinstance(ev, e.TaskStarted):
             assert state.status is Status.CLAIMED and state.claim is not None
             assert ev.claim_id == state.claim.claim_id
-        if isinstance(ev, e.TaskStarted | e.TaskSucceeded | e.TaskFailed):  # only ever under the live claim
+        if isinstance(ev, e.TaskFailed) and state.status is Status.CANCELLED:  # the kill of a cancelled run
+            assert ev.claim_id == state.cancelled_claim
+        elif isinstance(ev, e.TaskStarted | e.TaskSucceeded | e.TaskFailed):  # only ever under the live claim
             assert state.claim is not None and ev.claim_id == state.claim.claim_id
             assert ev.claim_id not in state.fenced_claims, f"a report applied under the expired {ev.claim_id}"
         state = evolve(state, ev)

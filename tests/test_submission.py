@@ -58,6 +58,9 @@ def test_a_good_document_parses_into_specs_in_milliseconds() -> None:
     ("task", "expected"),
     [
         ({"name": "a", "argv": "echo hi"}, "task 'a', field 'argv': must be a list of strings (no shell string)"),
+        ({"name": "a", "argv": [True]}, "task 'a', field 'argv[0]': must be a string, got bool True"),
+        ({"name": "a", "argv": ["sleep", 5]}, "task 'a', field 'argv[1]': must be a string, got int 5 (quote it"),
+        ({"name": "a", "argv": ["echo", None]}, "task 'a', field 'argv[1]': must be a string, got NoneType None"),
         (
             {"name": "a", "argv": ["x"], "retry_limit": -1},
             "task 'a', field 'retry_limit': must be between 0 and 100, got -1",

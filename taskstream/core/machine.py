@@ -76,6 +76,9 @@ def decide(state: TaskState, command: c.Command, rand: float = 0.0) -> list[e.Ev
 
     `rand` in [0, 1) is the injected randomness for retry jitter.
     """
+    killed = _kill_report(state, command)
+    if killed is not None:
+        return killed
     refused = _refused_report(state, command)
     if refused is not None:
         return refused
@@ -125,6 +128,19 @@ def decide(state: TaskState, command: c.Command, rand: float = 0.0) -> list[e.Ev
                 return _reject(state, command, f"its claim is {state.claim.claim_id if state.claim else 'none'}")
             return [e.TaskReleased(cid, state.claim.worker, why), e.TaskReady(reason=f"released by its worker: {why}")]
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
+
+
+def _kill_report(state: TaskState, command: c.Command) -> list[e.Event] | None:
+    """The end of the run a cancellation interrupted: its worker killed it and says how it ended. Recorded
+    as the attempt's failure; the task stays cancelled. Any other report on a cancelled task is refused."""
+    if state.status is not S.CANCELLED or state.cancelled_claim is None:
+        return None
+    if not isinstance(command, c.FinishTask | c.StartTask | c.ReleaseTask) or command.claim_id != state.cancelled_claim:
+        return None
+    if not isinstance(command, c.FinishTask):
+        return [e.CompletionRejected(command.claim_id, "the task was cancelled")]
+    why = command.reason or f"ended after the task was cancelled (exit status {command.exit_code})"
+    return [e.TaskFailed(command.claim_id, command.exit_code, command.output_tail, command.duration_ms, why)]
 
 
 def _refused_report(state: TaskState, command: c.Command) -> list[e.Event] | None:
@@ -218,6 +234,8 @@ def _(ev: e.TaskSucceeded, s: TaskState) -> TaskState:
 
 @_apply.register
 def _(ev: e.TaskFailed, s: TaskState) -> TaskState:
+    if s.status is S.CANCELLED:  # the cancelled run's end: the task stays cancelled, for the same reason
+        return replace(s, exit_code=ev.exit_code, cancelled_claim=None)
     return replace(s, exit_code=ev.exit_code, reason=ev.reason)
 
 
@@ -233,7 +251,8 @@ def _(ev: e.TaskDeadLettered, s: TaskState) -> TaskState:
 
 @_apply.register
 def _(ev: e.TaskCancelled, s: TaskState) -> TaskState:
-    return replace(s, status=S.CANCELLED, reason=ev.reason, claim=None)
+    running = s.claim.claim_id if s.claim is not None and s.status in (S.CLAIMED, S.RUNNING) else None
+    return replace(s, status=S.CANCELLED, reason=ev.reason, claim=None, cancelled_claim=running)
 
 
 @_apply.register

@@ -95,6 +95,7 @@ class TaskState:
     updated_ms: int = 0
     fenced_claims: tuple[str, ...] = ()  # claims whose leases expired (the newest few): reports refused
     lease_expiries: int = 0
+    cancelled_claim: str | None = None  # the claim it was running under when cancelled: its kill is recorded
 
     @property
     def is_terminal(self) -> bool:

@@ -176,9 +176,15 @@ def _task_from(raw: Any, index: int, defaults: dict[str, Any], tenant: str, col:
     if isinstance(argv, str):
         col.err(label, "argv", "must be a list of strings (no shell string), e.g. [python3, -c, 'print(1)']")
         argv = ()
-    elif not isinstance(argv, list) or not all(isinstance(a, str | int | float) for a in argv):
+    elif not isinstance(argv, list):
         col.err(label, "argv", f"is required and must be a list of strings, got {argv!r}")
         argv = ()
+    else:
+        for i, a in enumerate(argv):
+            if not isinstance(a, str):
+                # YAML reads `true`, `5` or `~` unquoted as a boolean, a number or null: never guess the text
+                col.err(label, f"argv[{i}]", f"must be a string, got {type(a).__name__} {a!r} (quote it in YAML)")
+        argv = tuple(a for a in argv if isinstance(a, str))
     res = merged.get("resources") or {}
     resources = Resources()
     if not isinstance(res, dict):
@@ -228,7 +234,7 @@ def _task_from(raw: Any, index: int, defaults: dict[str, Any], tenant: str, col:
     return TaskSpec(
         name=name if isinstance(name, str) else label,
         tenant=task_tenant,
-        argv=tuple(str(a) for a in argv),
+        argv=tuple(argv),
         env=_str_map(merged.get("env"), label, "env", col),
         working_dir=wd,
         resources=resources,

@@ -23,6 +23,7 @@ from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired
 from taskstream.streams.context import Context
 from taskstream.streams.lifecycle import Lifecycle
+from taskstream.streams.runner import Runners
 from taskstream.streams.timers import TimerIndex
 from taskstream.streams.worker import ClaimWaiter, Executor
 
@@ -31,6 +32,7 @@ from taskstream.settings import Settings
 log = logging.getLogger(__name__)
 TIMER_RESEND_MS = 5_000
 TIMER_REBUILD_S = 5.0  # how often the timer index is rebuilt from the table (timers of partitions taken over)
+RECHECK_AFTER_REBALANCE_MS = 3_000  # waiting tasks ask their prerequisites again this soon after a rebalance
 
 
 def build_app(settings: Settings, index: int = 0) -> faust.App:
@@ -103,11 +105,21 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
                 continue
             if "keeper" not in waiter_holder:  # kills this worker's task processes if the worker dies
                 waiter_holder["keeper"] = Keeper()
-            executor = Executor(ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"])
+                waiter_holder["runners"] = Runners(waiter_holder["keeper"])  # for callable tasks
+            executor = Executor(ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"])
             await _guarded(ctx(), _Msg(event), "executor", executor.handle(qt))
 
     sent: dict[bytes, int] = {}
     rebuilt = [0.0]
+    rebalanced = [0.0]  # when this worker's last rebalance completed (monotonic)
+    early: set[bytes] = set()  # recheck timers pulled forward by a rebalance
+
+    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
+    async def _rebalanced(_sender: Any, *_: Any, **__: Any) -> None:
+        # Inputs that arrived during the rebalance may have been skipped (connectors/faust_patches.py):
+        # the waiting tasks ask their prerequisites again soon, not after their next recheck_ms.
+        rebalanced[0] = time.monotonic()
+        rebuilt[0] = 0.0
 
     @app.timer(interval=0.25)
     async def fire_timers() -> None:
@@ -116,14 +128,27 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         since is not fired). A fired timer is sent again after TIMER_RESEND_MS if it is still there."""
         now = int(time.time() * 1000)
         if time.monotonic() - rebuilt[0] >= TIMER_REBUILD_S:
+            after_rebalance = rebalanced[0] > rebuilt[0]
             rebuilt[0] = time.monotonic()
-            due_index.rebuild((k, int(json.loads(v)["due"])) for k, v in list(timers.items()) if v is not None)
+            entries = []
+            for k, v in list(timers.items()):
+                if v is None:
+                    continue
+                t = json.loads(v)
+                due = int(t["due"])
+                if after_rebalance and t["purpose"] == "recheck":
+                    early.add(k)
+                    due = min(due, now + RECHECK_AFTER_REBALANCE_MS)
+                entries.append((k, due))
+            due_index.rebuild(entries)
         for key in due_index.due(now):
             raw_timer = timers.get(key)
             if raw_timer is None:
                 continue
             t = json.loads(raw_timer)
-            if t["due"] > now:
+            if t["purpose"] == "recheck" and key in early:
+                early.discard(key)  # due now: pulled forward by a rebalance
+            elif t["due"] > now:
                 due_index.note(key, int(t["due"]))  # moved later since it was noted
                 continue
             if now - sent.get(key, 0) <= TIMER_RESEND_MS:

@@ -23,7 +23,7 @@ import fastavro.schema
 from taskstream.schemas import records as r
 
 from taskstream.core.events import TaskSubmitted
-from taskstream.core.model import Backoff, Resources, TaskSpec
+from taskstream.core.model import Backoff, Call, Resources, TaskSpec
 
 MAGIC = 0
 ENVELOPES = {
@@ -140,7 +140,16 @@ def spec_from(d: dict[str, Any]) -> TaskSpec:
         tuple(d["dependencies"]),
         d["not_before_ms"],
         d["labels"],
+        _call_from(d.get("call")),
     )
+
+
+def _call_from(value: Any) -> Call | None:
+    """The optional Call: the decoder gives a union's record as (name, fields)."""
+    if value is None:
+        return None
+    fields = value[1] if isinstance(value, tuple) else value
+    return Call(fields["target"], fields["args_json"], fields["kwargs_json"])
 
 
 def _typed(cls: type, d: dict[str, Any]) -> Any:
@@ -207,7 +216,12 @@ def _spec_avro(s: TaskSpec) -> dict[str, Any]:
         "dependencies": s.dependencies,
         "not_before_ms": s.not_before_ms,
         "labels": s.labels if type(s.labels) is dict else dict(s.labels),
+        "call": None if s.call is None else _call_avro(s.call),
     }
+
+
+def _call_avro(c: Call) -> dict[str, Any]:
+    return {"target": c.target, "args_json": c.args_json, "kwargs_json": c.kwargs_json}
 
 
 def _union(obj: Any) -> tuple[str, dict[str, Any]]:

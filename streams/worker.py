@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from taskstream.connectors.keeper import Keeper, die_with_parent
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
 from taskstream.streams.context import EVENT_HEADER, Context
+from taskstream.streams.runner import CallFailed, Runner, Runners
 
 from taskstream.core import events as e
 
@@ -129,11 +131,19 @@ def _kill_group(pid: int, sig: int) -> None:
 
 
 class Executor:
-    def __init__(self, ctx: Context, worker_id: str, waiter: ClaimWaiter, keeper: Keeper | None = None) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        worker_id: str,
+        waiter: ClaimWaiter,
+        keeper: Keeper | None = None,
+        runners: Runners | None = None,
+    ) -> None:
         self.ctx = ctx
         self.worker_id = worker_id
         self.waiter = waiter
         self.keeper = keeper
+        self.runners = runners if runners is not None else Runners(keeper)  # shared by a worker's executors
         self.work_root = ctx.settings.state_dir / "work"
 
     async def handle(self, qt: r.QueuedTask) -> None:
@@ -200,48 +210,44 @@ class Executor:
             TASKSTREAM_TENANT=spec.tenant,
             TASKSTREAM_TASK_NAME=spec.name,
         )
-        cwd = Path(spec.working_dir) if spec.working_dir else self.work_root / qt.task_id / str(qt.attempt)
+        attempt_dir = self.work_root / qt.task_id / str(qt.attempt)
+        cwd = Path(spec.working_dir) if spec.working_dir else attempt_dir
         started = time.monotonic()
+        limit = self.ctx.settings.output_tail_bytes
+        run: _ProgramRun | _CallRun
         try:
             if not spec.working_dir:
                 cwd.mkdir(parents=True, exist_ok=True)
-            proc = await asyncio.create_subprocess_exec(
-                *spec.argv,
-                cwd=cwd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,  # a process group of its own: killed whole
-                preexec_fn=die_with_parent,  # and killed by the kernel if this worker dies
-            )
+            if spec.call is not None:
+                attempt_dir.mkdir(parents=True, exist_ok=True)
+                run = await _CallRun.start(self.runners, spec, env, cwd, attempt_dir / "output", limit)
+            else:
+                run = await _ProgramRun.start(spec, env, cwd, limit)
         except OSError as exc:
-            why = f"cannot start {spec.argv[0]!r}: {exc.strerror or exc}"
+            what = spec.call.target if spec.call is not None else spec.argv[0]
+            why = f"cannot start {what!r}: {exc.strerror or exc}"
             await self._report(
                 qt.task_id, int(time.time() * 1000), r.FinishReport(claim_id, None, "", 0, why), f"{claim_id}:finish"
             )
             return
-        if self.keeper is not None:
-            self.keeper.watch(proc.pid)
+        if self.keeper is not None and isinstance(run, _ProgramRun):
+            self.keeper.watch(run.pid)
         try:
-            await self._supervise(qt, claim_id, proc, started, cancelled)
+            await self._supervise(qt, claim_id, run, started, cancelled)
         finally:
-            _kill_group(proc.pid, signal.SIGKILL)  # nothing the task started outlives it
-            if self.keeper is not None:
-                self.keeper.forget(proc.pid)
+            run.cleanup()  # nothing the task started outlives it
+            if self.keeper is not None and isinstance(run, _ProgramRun):
+                self.keeper.forget(run.pid)
 
     async def _supervise(
-        self, qt: r.QueuedTask, claim_id: str, proc: Any, started: float, cancelled: asyncio.Future[str]
+        self, qt: r.QueuedTask, claim_id: str, run: _ProgramRun | _CallRun, started: float, cancelled: Any
     ) -> None:
         spec = qt.spec
-        limit = self.ctx.settings.output_tail_bytes
         grace = self.ctx.settings.kill_grace_ms / 1000
-        await self._report(qt.task_id, int(time.time() * 1000), r.StartReport(claim_id, proc.pid), f"{claim_id}:start")
-        assert proc.stdout is not None
-        reader = asyncio.create_task(_read_tail(proc.stdout, limit))
+        await self._report(qt.task_id, int(time.time() * 1000), r.StartReport(claim_id, run.pid), f"{claim_id}:start")
         reason = ""
         try:
-            ended = asyncio.ensure_future(proc.wait())
+            ended = asyncio.ensure_future(run.wait())
             await asyncio.wait({ended, cancelled}, timeout=spec.execution_cap_ms / 1000, return_when=FIRST_COMPLETED)
             if not ended.done():
                 ended.cancel()
@@ -249,35 +255,33 @@ class Executor:
                     reason = f"killed: cancelled ({cancelled.result()})"
                 else:
                     reason = f"killed: ran over its execution cap of {spec.execution_cap_ms / 1000:g}s"
-                await _terminate(proc, grace)
+                await run.stop(grace)
         except asyncio.CancelledError:  # the worker is stopping: drain
-            if not await self._drain(qt, claim_id, proc):
-                reader.cancel()
+            if not await self._drain(qt, claim_id, run):
+                run.cleanup()
                 raise
-        _kill_group(proc.pid, signal.SIGKILL)
-        buf = await reader
+        code, why, tail = await run.result()
         duration = int((time.monotonic() - started) * 1000)
-        code = proc.returncode
         if reason and code == 0:
             code = -signal.SIGTERM
         await self._report(
             qt.task_id,
             int(time.time() * 1000),
-            r.FinishReport(claim_id, code, _tail(buf, limit), duration, reason),
+            r.FinishReport(claim_id, code, tail, duration, reason or why),
             f"{claim_id}:finish",
         )
 
-    async def _drain(self, qt: r.QueuedTask, claim_id: str, proc: Any) -> bool:
+    async def _drain(self, qt: r.QueuedTask, claim_id: str, run: _ProgramRun | _CallRun) -> bool:
         """Stopping: give the task drain_ms to finish (True: it did, report it as usual); else kill it and
         hand it back, so it runs again elsewhere without using up a retry (False)."""
         drain = self.ctx.settings.drain_ms / 1000
         log.info("stopping: task %s has %.0fs to finish", qt.task_id, drain)
         try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), drain)
+            await asyncio.wait_for(asyncio.shield(run.wait()), drain)
             return True
         except (TimeoutError, asyncio.CancelledError):
             pass
-        await _terminate(proc, self.ctx.settings.kill_grace_ms / 1000)
+        await run.stop(self.ctx.settings.kill_grace_ms / 1000)
         why = f"its worker {self.worker_id} stopped; the task did not finish within {drain:g}s"
         with contextlib.suppress(Exception):
             await self._report(
@@ -285,6 +289,103 @@ class Executor:
             )
         log.info("handed task %s back: %s", qt.task_id, why)
         return False
+
+
+class _ProgramRun:
+    """An argv task: its own process group, its stdout and stderr read into a bounded tail."""
+
+    def __init__(self, proc: Any, reader: asyncio.Task[bytearray], limit: int) -> None:
+        self.proc, self.reader, self.limit = proc, reader, limit
+        self.pid: int = proc.pid
+
+    @classmethod
+    async def start(cls, spec: Any, env: dict[str, str], cwd: Path, limit: int) -> _ProgramRun:
+        proc = await asyncio.create_subprocess_exec(
+            *spec.argv,
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # a process group of its own: killed whole
+            preexec_fn=die_with_parent,  # and killed by the kernel if this worker dies
+        )
+        assert proc.stdout is not None
+        return cls(proc, asyncio.create_task(_read_tail(proc.stdout, limit)), limit)
+
+    async def wait(self) -> None:
+        await asyncio.shield(self.proc.wait())
+
+    async def stop(self, grace_s: float) -> None:
+        await _terminate(self.proc, grace_s)
+
+    async def result(self) -> tuple[int | None, str, str]:
+        _kill_group(self.pid, signal.SIGKILL)  # what the task left running in its group
+        buf = await self.reader
+        return self.proc.returncode, "", _tail(buf, self.limit)
+
+    def cleanup(self) -> None:
+        _kill_group(self.pid, signal.SIGKILL)
+        if not self.reader.done():
+            self.reader.cancel()
+
+
+class _CallRun:
+    """A callable task, run by one of the worker's runner processes (streams/runner.py)."""
+
+    def __init__(
+        self, runners: Runners, runner: Runner, answer: asyncio.Task[dict[str, Any]], output: Path, limit: int
+    ):
+        self.runners, self.runner, self.answer, self.output, self.limit = runners, runner, answer, output, limit
+        self.pid = runner.pid
+
+    @classmethod
+    async def start(
+        cls, runners: Runners, spec: Any, env: dict[str, str], cwd: Path, output: Path, limit: int
+    ) -> _CallRun:
+        call = spec.call
+        request = {
+            "target": call.target,
+            "args": json.loads(call.args_json),
+            "kwargs": json.loads(call.kwargs_json),
+            "env": env,
+            "cwd": str(cwd),
+            "output": str(output),
+        }
+        runner = await runners.acquire()
+        return cls(runners, runner, asyncio.create_task(runner.call(request)), output, limit)
+
+    async def wait(self) -> None:
+        with contextlib.suppress(CallFailed):
+            await asyncio.shield(self.answer)
+
+    async def stop(self, grace_s: float) -> None:
+        self.runner.retired = True
+        await _terminate(self.runner.proc, grace_s)
+
+    async def result(self) -> tuple[int | None, str, str]:
+        try:
+            answer = await self.answer
+            code, why = int(answer["exit_code"]), str(answer.get("reason", ""))
+        except CallFailed as exc:
+            await self.runner.proc.wait()
+            code, why = self.runner.proc.returncode, str(exc)
+        return code, why, self._tail()
+
+    def _tail(self) -> str:
+        try:
+            with self.output.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - self.limit))
+                return f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def cleanup(self) -> None:
+        if not self.answer.done():  # stopped, or the worker is going: this runner is not reused
+            self.answer.cancel()
+            self.runner.retired = True
+            _kill_group(self.pid, signal.SIGKILL)
+        self.runners.release(self.runner)
 
 
 async def _terminate(proc: Any, grace_s: float) -> None:

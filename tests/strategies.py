@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import strategies as st
 
-from taskstream.core.model import Backoff, Resources, TaskSpec
+from taskstream.core.model import Backoff, Call, Resources, TaskSpec
 
 names = st.from_regex(r"[a-z][a-z0-9_-]{0,11}", fullmatch=True)
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
@@ -34,6 +36,15 @@ def specs(draw: st.DrawFn, name: str | None = None, deps: tuple[str, ...] = ()) 
         dependencies=deps,
         not_before_ms=draw(st.none() | st.integers(0, 2**41)),
         labels=draw(st.dictionaries(names, text, max_size=3)),
+        call=draw(
+            st.none()
+            | st.builds(
+                Call,
+                st.from_regex(r"[a-z][a-z0-9_.]{0,8}:[a-z][a-z0-9_]{0,8}", fullmatch=True),
+                st.lists(st.integers(0, 9) | text, max_size=3).map(json.dumps),
+                st.dictionaries(names, st.integers(0, 9)).map(json.dumps),
+            )
+        ),
     )
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -257,3 +258,48 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_callable_tasks_run_in_the_worker_s_runners_with_their_output_and_exit_status(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    dag = tmp_path / "calls.yaml"
+    dag.write_text(
+        "tenant: acme\ntasks:\n"
+        "  - {name: hello, call: 'builtins:print', args: ['hello from a callable', 42], kwargs: {sep: '|'}}\n"
+        "  - {name: divide, call: 'operator:truediv', args: [1, 0], dependencies: [hello]}\n"
+        "  - {name: leave, call: 'sys:exit', args: [3]}\n"
+        "  - {name: snooze, call: 'time:sleep', args: [300]}\n"
+    )
+    out = stack.cli("submit", str(dag))
+    ids = dict(re.findall(r"^  (\S+)  ([0-9a-f-]{36})$", out.stdout, re.M))
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
+
+        def ended(name: str) -> tuple[Any, ...] | None:
+            return conn.execute(  # type: ignore[no-any-return]
+                "SELECT a.outcome, a.exit_code, a.output_tail, a.reason, t.call FROM attempts a JOIN tasks t "
+                "USING (task_id) WHERE task_id = %s AND a.ended_at IS NOT NULL",
+                (ids[name],),
+            ).fetchone()
+
+        hello = wait_until(lambda: ended("hello"), 60, "the first callable")
+        assert hello[:3] == ("SUCCEEDED", 0, "hello from a callable|42\n")
+        assert hello[4] == {"target": "builtins:print", "args": ["hello from a callable", 42], "kwargs": {"sep": "|"}}
+        divide = wait_until(lambda: ended("divide"), 60, "the failing callable")
+        assert divide[:2] == ("FAILED", 1) and "ZeroDivisionError: division by zero" in divide[2]
+        assert divide[3] == "raised ZeroDivisionError: division by zero"
+        assert wait_until(lambda: ended("leave"), 60, "the exiting callable")[:2] == ("FAILED", 3)
+
+        wait_until(
+            lambda: (
+                conn.execute("SELECT status FROM tasks WHERE task_id = %s", (ids["snooze"],)).fetchone() == ("RUNNING",)
+            ),
+            60,
+            "the sleeping callable to run",
+        )
+        (runner,) = conn.execute("SELECT pid FROM attempts WHERE task_id = %s", (ids["snooze"],)).fetchone()
+        stack.cli("cancel", ids["snooze"], "--reason", "enough")
+        wait_until(lambda: not _alive(runner), 15, "its runner process to be gone")
+        assert ended("snooze")[:2] == ("FAILED", -signal.SIGTERM)  # time.sleep dies of SIGTERM at once
+    again = tmp_path / "again.yaml"
+    again.write_text("tenant: acme\ntasks:\n  - {name: again, call: 'builtins:print', args: [again]}\n")
+    after = stack.cli("submit", str(again), "--follow", "--timeout", "60")
+    assert "SUCCEEDED" in after.stdout  # the next call gets a fresh runner

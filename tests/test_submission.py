@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -153,6 +155,7 @@ def test_ids_are_a_function_of_the_submission_and_name(specs: list) -> None:
     assert ids1 == ids2 and len(set(ids1.values())) == len(specs)
     for spec, original in zip(out1, specs, strict=True):
         assert spec.dependencies == tuple(ids1[d] for d in original.dependencies)
+        assert replace(spec, dependencies=original.dependencies) == original  # nothing else changed
 
 
 @given(st.text(min_size=1, max_size=5), st.text(min_size=1, max_size=5))

@@ -31,6 +31,15 @@ TERMINAL: frozenset[Status] = frozenset({Status.SUCCEEDED, Status.DEAD_LETTERED,
 
 
 @dataclass(frozen=True, slots=True)
+class Call:
+    """A Python callable a task runs instead of a program (streams/runner.py)."""
+
+    target: str  # "package.module:function"
+    args_json: str = "[]"
+    kwargs_json: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
 class Resources:
     cpu: float = 1.0  # cores
     memory_mb: int = 256
@@ -65,6 +74,7 @@ class TaskSpec:
     dependencies: tuple[str, ...] = ()  # task ids once admitted (names in a raw submission)
     not_before_ms: int | None = None  # optional earliest start time
     labels: dict[str, str] = field(default_factory=dict)
+    call: Call | None = None  # a callable to run instead of argv (then empty)
 
     def __hash__(self) -> int:  # dict fields are not hashable; identity of a spec is its name
         return hash((self.name, self.tenant, self.argv))

@@ -9,6 +9,7 @@ produced them (the CLI, the SDK, or any program writing Avro to the commands top
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from taskstream.core.model import Backoff, Resources, TaskSpec
+from taskstream.core.model import Backoff, Call, Resources, TaskSpec
 
 # Limits, stated in docs/submissions.md. A submission over them is rejected whole.
 MAX_TASKS = 20_000
@@ -29,6 +30,9 @@ MAX_EXECUTION_CAP_MS = 7 * 24 * 3_600_000
 MAX_RETRY_LIMIT = 100
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MAX_CALL_ARGUMENTS = 65_536  # the JSON of a callable's args and kwargs together
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+CALL_RE = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
 
 # Namespace for the ids the system assigns: a task id is a function of its submission and name, so a
 # replayed or redelivered admission reproduces the same ids on any node.
@@ -103,6 +107,9 @@ _TASK_FIELDS = {
     "dependencies",
     "not_before",
     "labels",
+    "call",
+    "args",
+    "kwargs",
 }
 _DOC_FIELDS = {"tenant", "idempotency_key", "labels", "defaults", "tasks"}
 
@@ -172,8 +179,14 @@ def _task_from(raw: Any, index: int, defaults: dict[str, Any], tenant: str, col:
         col.err(label, unknown, f"unknown field (known: {', '.join(sorted(_TASK_FIELDS))})")
     if not isinstance(name, str) or not name:
         col.err(label, "name", "is required and must be a non-empty string")
-    argv = merged.get("argv")
-    if isinstance(argv, str):
+    call = _call_from(merged, label, col)
+    argv = merged.get("argv", () if call is not None else None)
+    if call is not None and argv:
+        col.err(label, "call", "a task runs either a program (argv) or a callable (call), not both")
+        argv = ()
+    elif isinstance(argv, tuple):
+        pass
+    elif isinstance(argv, str):
         col.err(label, "argv", "must be a list of strings (no shell string), e.g. [python3, -c, 'print(1)']")
         argv = ()
     elif not isinstance(argv, list):
@@ -246,7 +259,34 @@ def _task_from(raw: Any, index: int, defaults: dict[str, Any], tenant: str, col:
         dependencies=tuple(deps),
         not_before_ms=_not_before(merged.get("not_before"), label, col),
         labels=_str_map(merged.get("labels"), label, "labels", col),
+        call=call,
     )
+
+
+def _call_from(merged: dict[str, Any], label: str, col: _Collector) -> Call | None:
+    """`call: package.module:function` with optional `args` (a list) and `kwargs` (a mapping), as JSON."""
+    target = merged.get("call")
+    args, kwargs = merged.get("args", []), merged.get("kwargs", {})
+    if target is None:
+        for fld in ("args", "kwargs"):
+            if fld in merged:
+                col.err(label, fld, "is only for a callable task (call: package.module:function)")
+        return None
+    if not isinstance(target, str):
+        col.err(label, "call", f"must be a string 'package.module:function', got {target!r}")
+        return None
+    if not isinstance(args, list):
+        col.err(label, "args", f"must be a list of arguments, got {type(args).__name__} {args!r}")
+        args = []
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        col.err(label, "kwargs", f"must be a mapping with string keys, got {kwargs!r}")
+        kwargs = {}
+    try:
+        args_json, kwargs_json = json.dumps(args, allow_nan=False), json.dumps(kwargs, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        col.err(label, "args", f"arguments must be JSON values (strings, numbers, booleans, null, lists, maps): {exc}")
+        args_json, kwargs_json = "[]", "{}"
+    return Call(target, args_json, kwargs_json)
 
 
 def parse_document(doc: Any, source: str = "") -> Submission:
@@ -297,6 +337,30 @@ def _check_text(task: str, fld: str, value: str, errors: list[FieldError]) -> No
         errors.append(FieldError(task, fld, "contains a NUL character"))
 
 
+def _check_call(t: str, spec: TaskSpec, errs: list[FieldError]) -> None:
+    call = spec.call
+    assert call is not None
+    if spec.argv:
+        errs.append(FieldError(t, "argv", "must be empty for a callable task (it runs call, not a program)"))
+    if not CALL_RE.match(call.target) or len(call.target) > 512:
+        errs.append(
+            FieldError(t, "call", f"must be 'package.module:function' (dotted names, one colon), got {call.target!r}")
+        )
+    size = len(call.args_json) + len(call.kwargs_json)
+    if size > MAX_CALL_ARGUMENTS:
+        errs.append(FieldError(t, "args", f"the arguments are {size} bytes of JSON, the limit is {MAX_CALL_ARGUMENTS}"))
+        return
+    try:
+        args, kwargs = json.loads(call.args_json), json.loads(call.kwargs_json)
+    except ValueError as exc:
+        errs.append(FieldError(t, "args", f"args_json and kwargs_json must be JSON: {exc}"))
+        return
+    if not isinstance(args, list):
+        errs.append(FieldError(t, "args", f"args_json must be a JSON array, got {type(args).__name__}"))
+    if not isinstance(kwargs, dict):
+        errs.append(FieldError(t, "kwargs", f"kwargs_json must be a JSON object, got {type(kwargs).__name__}"))
+
+
 def check_spec(spec: TaskSpec) -> list[FieldError]:
     """Rules one task must satisfy on its own."""
     t = spec.name
@@ -311,8 +375,10 @@ def check_spec(spec: TaskSpec) -> list[FieldError]:
         )
     if not spec.tenant or not NAME_RE.match(spec.tenant):
         errs.append(FieldError(t, "tenant", f"must be a non-empty identifier, got {spec.tenant!r}"))
-    if not spec.argv:
-        errs.append(FieldError(t, "argv", "must name a program to run (a non-empty list)"))
+    if spec.call is not None:
+        _check_call(t, spec, errs)
+    elif not spec.argv:
+        errs.append(FieldError(t, "argv", "must name a program to run (a non-empty list), or give call"))
     elif not spec.argv[0]:
         errs.append(FieldError(t, "argv", "the program (argv[0]) must not be empty"))
     if len(spec.argv) > MAX_ARGV_ITEMS:
@@ -513,6 +579,7 @@ def _with_dependencies(s: TaskSpec, deps: tuple[str, ...]) -> TaskSpec:
         deps,
         s.not_before_ms,
         s.labels,
+        s.call,
     )
 
 

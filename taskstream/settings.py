@@ -171,6 +171,8 @@ class Settings:
             raise SettingsError(
                 f"TASKSTREAM_GRAPH_BACKEND={s.graph_backend!r}: expected 'neo4j' or 'ladybug' (or unset, to choose)"
             )
+        for problem in _timing_problems(s):
+            raise SettingsError(problem)
         return replace(s, state_dir=s.state_dir.resolve())
 
     def env(self) -> dict[str, str]:
@@ -178,3 +180,24 @@ class Settings:
         generated password is left out: children read it from the state directory, as every client does."""
         skip = {"neo4j_password"} if self.embedded_neo4j else set()
         return {f"TASKSTREAM_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
+
+
+def _timing_problems(s: Settings) -> list[str]:
+    """Lease and timer settings that cannot work together, each worded for the variables to change."""
+    out = []
+    if not 0 < s.heartbeat_ms < s.lease_ms:
+        out.append(
+            f"TASKSTREAM_HEARTBEAT_MS={s.heartbeat_ms} must be above 0 and below TASKSTREAM_LEASE_MS={s.lease_ms}:"
+            " heartbeats are what keep a lease alive"
+        )
+    for name in ("lease_grace_ms", "drain_ms", "kill_grace_ms"):
+        if getattr(s, name) < 0:
+            out.append(f"TASKSTREAM_{name.upper()}={getattr(s, name)} must not be negative")
+    if s.lease_expiry_limit < 1:
+        out.append(f"TASKSTREAM_LEASE_EXPIRY_LIMIT={s.lease_expiry_limit} must be at least 1")
+    if not 0 < s.recheck_ms <= s.recheck_max_ms:
+        out.append(
+            f"TASKSTREAM_RECHECK_MS={s.recheck_ms} must be above 0 and at most"
+            f" TASKSTREAM_RECHECK_MAX_MS={s.recheck_max_ms}"
+        )
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from taskstream.schemas import records as r
@@ -13,7 +14,7 @@ from taskstream.streams.state_codec import TaskRecord, dumps, loads
 from taskstream.streams.timers import TimerIndex
 
 from taskstream.core.model import Status, TaskSpec, TaskState
-from taskstream.settings import Settings
+from taskstream.settings import Settings, SettingsError
 
 
 @given(
@@ -76,3 +77,31 @@ def test_rechecks_back_off_to_a_ceiling_and_stop_once_the_task_is_not_waiting() 
     assert loads(dumps(rec)).rechecks == 6
     ready = TaskRecord(TaskState("t1", Status.READY, 3, rec.state.spec, "s"))
     assert lc._recheck_timer(ready, at=0) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"TASKSTREAM_HEARTBEAT_MS": "10000"},
+            "TASKSTREAM_HEARTBEAT_MS=10000 must be above 0 and below TASKSTREAM_LEASE_MS",
+        ),
+        (
+            {"TASKSTREAM_LEASE_MS": "1000"},
+            "TASKSTREAM_HEARTBEAT_MS=2000 must be above 0 and below TASKSTREAM_LEASE_MS=1000",
+        ),
+        ({"TASKSTREAM_KILL_GRACE_MS": "-1"}, "TASKSTREAM_KILL_GRACE_MS=-1 must not be negative"),
+        ({"TASKSTREAM_LEASE_EXPIRY_LIMIT": "0"}, "TASKSTREAM_LEASE_EXPIRY_LIMIT=0 must be at least 1"),
+        ({"TASKSTREAM_RECHECK_MS": "0"}, "TASKSTREAM_RECHECK_MS=0 must be above 0"),
+        ({"TASKSTREAM_LEASE_MS": "ten"}, "TASKSTREAM_LEASE_MS='ten': expected an integer"),
+    ],
+)
+def test_lease_and_timer_settings_that_cannot_work_are_refused_by_name(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env(env)
+    assert str(err.value).startswith(message), err.value
+
+
+def test_the_default_lease_settings_are_accepted() -> None:
+    s = Settings.from_env({})
+    assert s.heartbeat_ms < s.lease_ms and s.lease_expiry_limit >= 1

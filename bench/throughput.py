@@ -1,0 +1,154 @@
+"""Benchmark: dispatch throughput of no-op callable tasks on the embedded stack.
+
+Two workloads, each on a fresh stack: --tasks no-op callables (`os:getpid`) submitted as one DAG without
+edges, and as that many one-task submissions. Tasks/s is counted from the first send to the last
+success (the success's event time, from PostgreSQL once every task is there). CPU seconds per task are
+read per service from /proc, each service with the processes under it (a worker's keeper and runners,
+the JVMs), over the same interval.
+
+    python bench/throughput.py [--engines kafka|fallback|both] [--tasks 10000] [--runs 1]
+                               [--workload dag|single|both] [--profile SECONDS]
+
+--profile records the worker with py-spy (if installed) for that many seconds into
+bench/results/throughput-worker-<pair>.svg. Writes bench/results/throughput-<pair>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _stack import embedded_stack, kinds, services, settings_of, summary, when, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+GIVE_UP_S = 1800.0
+NOOP = {"call": "os:getpid"}
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every process under it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def tree_cpu(pid: int) -> float:
+    total = 0.0
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            # own user + system, and that of waited-for children (a finished task process)
+            total += sum(int(x) for x in parts[11:15]) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return total
+
+
+def once(kind: str, workload: str, n: int, profile: float) -> dict[str, Any]:
+    import psycopg
+
+    from taskstream.core.submission import parse_document
+    from taskstream.sdk import Client
+
+    with embedded_stack(kind) as env:
+        s = settings_of(env)
+        pids = services(env)
+        before = {name: tree_cpu(pid) for name, pid in pids.items()}
+        spy = None
+        if profile and shutil.which("py-spy"):
+            out = RESULTS / f"throughput-worker-{kind}.svg"
+            spy = subprocess.Popen(
+                ["py-spy", "record", "-p", str(pids["worker-0"]), "-d", str(int(profile)), "-o", str(out), "-s"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        with Client(s, issuer="bench") as client:
+            first_send = time.time()
+            if workload == "dag":
+                doc = {"tenant": "bench", "tasks": [{"name": f"t{i}", **NOOP} for i in range(n)]}
+                client.submit(parse_document(doc))
+            else:
+                for i in range(n):
+                    client.submit(parse_document({"tenant": "bench", "tasks": [{"name": f"t{i}", **NOOP}]}))
+            sent = time.time() - first_send
+        deadline = time.monotonic() + GIVE_UP_S
+        done = 0
+        with psycopg.connect(s.dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                (done,) = conn.execute("SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'").fetchone()  # type: ignore[misc]
+                if done >= n:
+                    break
+                time.sleep(0.5)
+            (last,) = conn.execute("SELECT extract(epoch FROM max(finished_at)) FROM tasks").fetchone()  # type: ignore[misc]
+            (others,) = conn.execute("SELECT count(*) FROM tasks WHERE status <> 'SUCCEEDED'").fetchone()  # type: ignore[misc]
+        after = {name: tree_cpu(pid) for name, pid in pids.items()}
+        if spy is not None:
+            spy.wait()
+    took = float(last) - first_send if last is not None else None
+    cpu = {name: round((after[name] - before[name]) / max(done, 1) * 1000, 3) for name in pids}
+    return {
+        "workload": workload,
+        "tasks": n,
+        "succeeded": done,
+        "not_succeeded": others,
+        "send_seconds": round(sent, 3),
+        "first_send_to_last_success_s": round(took, 3) if took else None,
+        "tasks_per_second": round(done / took, 1) if took else None,
+        "cpu_ms_per_task": cpu,
+        "cpu_ms_per_task_total": round(sum(cpu.values()), 3),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engines", choices=("kafka", "fallback", "both"), default="kafka")
+    ap.add_argument("--tasks", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--workload", choices=("dag", "single", "both"), default="both")
+    ap.add_argument("--profile", type=float, default=0.0, help="py-spy the worker for this many seconds")
+    args = ap.parse_args()
+    workloads = ["dag", "single"] if args.workload == "both" else [args.workload]
+    for kind in kinds(args.engines):
+        report: dict[str, Any] = {
+            "benchmark": "no-op callables (os:getpid) from the first send to the last success",
+            "engines": kind,
+            "aim": "1,000 tasks/s end to end on 2 cores, every service local",
+        }
+        for workload in workloads:
+            runs = []
+            for i in range(args.runs):
+                runs.append(once(kind, workload, args.tasks, args.profile if i == 0 else 0.0))
+                print(f"{kind} {workload} run {i + 1}: {runs[-1]}", flush=True)
+            report[workload] = {
+                "tasks_per_second": summary([r["tasks_per_second"] for r in runs]),
+                "cpu_ms_per_task_total": summary([r["cpu_ms_per_task_total"] for r in runs]),
+                "each_run": runs,
+            }
+        report["when"] = when()
+        write_report(RESULTS / f"throughput-{kind}.json", report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

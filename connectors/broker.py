@@ -40,6 +40,12 @@ def of(settings: Settings) -> Broker:
     return NOIDA if settings.broker == "noida" else KAFKA
 
 
+def projection_linger(settings: Settings) -> float:
+    """How long a projection's small batch waits for more records (seconds). Not on noida-db, where a
+    consumer waiting in a fetch spins on the broker (connectors/noida.py)."""
+    return settings.projection_linger_ms / 1000 if of(settings) is KAFKA else 0.0
+
+
 def consumer_config(settings: Settings) -> dict[str, Any]:
     """librdkafka consumer settings this broker needs beyond taskstream's own."""
     return dict(noida.CONSUMER_CONFIG) if of(settings) is NOIDA else {}

@@ -18,7 +18,7 @@ from typing import Any
 
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
-from taskstream.streams.context import Context, unit_random
+from taskstream.streams.context import EVENT_HEADER, Context, unit_random
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
 from taskstream.streams.timers import TimerIndex
 
@@ -30,6 +30,9 @@ from taskstream.core.model import TERMINAL, Status, TaskState
 log = logging.getLogger(__name__)
 NOT_ADMITTED = "NOT_ADMITTED"  # outcome sent to dependents of a task that was never admitted in time
 ADMISSION_EVENTS = (e.TaskSubmitted, e.TaskAdmitted, e.TaskRejected)
+# The events this agent acts on, by their header: it reads the events topic for admissions, and most of
+# what is there is its own writing (five events per task run), not worth decoding again.
+ADMISSION_KINDS = frozenset({b"TasksAdmitted", *(k.__name__.encode() for k in ADMISSION_EVENTS)})
 LEASED = (Status.CLAIMED, Status.RUNNING)  # the statuses in which a claim's lease runs
 
 
@@ -52,6 +55,9 @@ class Lifecycle:
             await self._on_input(message)
 
     async def _on_event(self, message: Any) -> None:
+        kind = getattr(message, "headers", {}).get(EVENT_HEADER)
+        if kind is not None and kind not in ADMISSION_KINDS:
+            return  # no header: an older writer; decode to be sure
         try:
             rec = self.ctx.codec.decode("event", message.value)
         except DecodeError as err:

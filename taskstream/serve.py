@@ -49,7 +49,11 @@ def _run_projections(settings: Settings, runs: list[tuple[str, str, object, bool
     _stop_on_signals(stop)
     runners, threads = [], []
     for name, topic_key, projection, decode in runs:
-        consumer = k.consumer(settings, group=f"taskstream-projection-{name}")
+        linger = broker.projection_linger(settings)
+        # with a linger, the broker too holds each fetch until it has a batch's worth or the linger is up:
+        # one fetch per linger instead of one per event written
+        held = {"fetch.min.bytes": 1 << 20, "fetch.wait.max.ms": int(linger * 1000)} if linger else {}
+        consumer = k.consumer(settings, group=f"taskstream-projection-{name}", **held)
         runner = ProjectionRunner(
             projection,  # type: ignore[arg-type]
             consumer,
@@ -59,6 +63,7 @@ def _run_projections(settings: Settings, runs: list[tuple[str, str, object, bool
             dlq=(k.producer(settings), settings.topic("dead-letters")) if decode else None,
             idle=broker.idle(settings, consumer, settings.topic(topic_key)),
             poll_timeout=broker.poll_timeout(settings),
+            linger=linger,
         )
         runners.append((runner, consumer, projection))
         threads.append(threading.Thread(target=runner.run, name=f"projection-{name}", daemon=True))

@@ -25,7 +25,7 @@ from taskstream.streams.context import Context
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.runner import Runners
 from taskstream.streams.timers import TimerIndex
-from taskstream.streams.worker import CLAIM_AHEAD, ClaimWaiter, Executor
+from taskstream.streams.worker import ClaimWaiter, Executor
 
 from taskstream.settings import Settings
 
@@ -93,7 +93,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         waiter_holder["w"] = ClaimWaiter(ctx(), worker_id)
         await waiter_holder["w"].run()
 
-    @app.agent(queue, name="executor", concurrency=s.worker_slots * CLAIM_AHEAD)
+    @app.agent(queue, name="executor", concurrency=s.worker_slots)
     async def executor(stream: Any) -> None:
         async for event in stream.events():
             while "w" not in waiter_holder:
@@ -106,15 +106,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             if "keeper" not in waiter_holder:  # kills this worker's task processes if the worker dies
                 waiter_holder["keeper"] = Keeper()
                 waiter_holder["runners"] = Runners(waiter_holder["keeper"])  # for callable tasks
-                waiter_holder["slots"] = asyncio.Semaphore(s.worker_slots)  # tasks running at once
-            executor = Executor(
-                ctx(),
-                worker_id,
-                waiter_holder["w"],
-                waiter_holder["keeper"],
-                waiter_holder["runners"],
-                waiter_holder["slots"],
-            )
+            executor = Executor(ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"])
             await _guarded(ctx(), _Msg(event), "executor", executor.handle(qt))
 
     sent: dict[bytes, int] = {}

@@ -176,6 +176,17 @@ class Lifecycle:
                 cmds.append(c.StartTask(cid, pid, at))
             case r.FinishReport():
                 cmds.append(c.FinishTask(b.claim_id, b.exit_code, b.output_tail, b.duration_ms, b.reason, at))
+            case r.TimerFired(purpose="requeue"):
+                st = record.state
+                if st.status is Status.QUEUED and st.spec is not None:
+                    # queued long ago and never claimed: the queue record, or every claim on it, was lost
+                    # (a claim request skipped in a rebalance, a worker that gave up waiting): send it again
+                    log.info("task %s attempt %d queued %ds ago and not claimed: queued again", st.task_id,
+                             st.attempt, self.ctx.settings.requeue_ms // 1000)  # fmt: skip
+                    again = r.QueuedTask(st.task_id, st.attempt, self.ctx.settings.lane, at, st.spec)
+                    await self.ctx.send_all([(self.ctx.queue, st.task_id, again)])
+                    self._save(record, {"due": at + self.ctx.settings.requeue_ms, "purpose": "requeue"})
+                return
             case r.TimerFired(purpose="retry"):
                 cmds.append(c.RetryTask(at))
             case r.TimerFired(purpose="not_before"):
@@ -274,6 +285,8 @@ class Lifecycle:
                 )
                 if isinstance(ev, e.TaskRetryScheduled):
                     timer = {"due": ev.due_ms, "purpose": "retry"}
+                elif isinstance(ev, e.TaskQueued):  # until it is claimed: queued again if nobody does
+                    timer = {"due": at + self.ctx.settings.requeue_ms, "purpose": "requeue"}
                 elif isinstance(ev, e.TaskClaimed):  # the lease starts with the claim
                     record.lease_until_ms = at + self.ctx.settings.lease_ms
                     timer = {"due": record.lease_until_ms + self.ctx.settings.lease_grace_ms, "purpose": "lease"}

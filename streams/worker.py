@@ -36,7 +36,6 @@ from taskstream.core import events as e
 
 log = logging.getLogger(__name__)
 CLAIM_TIMEOUT_S = 60.0
-CLAIM_AHEAD = 4  # claims in flight per slot: a claim's round trip to the owner overlaps other tasks' runs
 CLAIM_RESEND_S = 10.0  # a claim request with no verdict yet is sent again this often
 VERDICTS = (b"TaskClaimed", b"ClaimRejected")
 WATCHED = (*VERDICTS, b"TaskCancelled")
@@ -139,15 +138,12 @@ class Executor:
         waiter: ClaimWaiter,
         keeper: Keeper | None = None,
         runners: Runners | None = None,
-        slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.ctx = ctx
         self.worker_id = worker_id
         self.waiter = waiter
         self.keeper = keeper
         self.runners = runners if runners is not None else Runners(keeper)  # shared by a worker's executors
-        # how many tasks run at once (worker_slots), shared by the worker's executors
-        self.slots = slots if slots is not None else asyncio.Semaphore(ctx.settings.worker_slots)
         self.work_root = ctx.settings.state_dir / "work"
 
     async def handle(self, qt: r.QueuedTask) -> None:
@@ -180,25 +176,14 @@ class Executor:
         if isinstance(outcome, e.ClaimRejected):
             log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
             return
-        beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))  # the lease runs from the claim
+        if cancelled.done():  # cancelled between the claim and now: nothing to run
+            why = f"cancelled before it started ({cancelled.result()})"
+            finish = r.FinishReport(claim_id, None, "", 0, why)
+            await self._report(qt.task_id, int(time.time() * 1000), finish, f"{claim_id}:finish")
+            return
+        beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))
         try:
-            try:
-                await self.slots.acquire()  # claims run ahead of the slots: the claim's round trip overlaps runs
-            except asyncio.CancelledError:  # stopping before it started: hand it back at once
-                why = f"its worker {self.worker_id} stopped before the task started"
-                with contextlib.suppress(Exception):
-                    release = r.ReleaseClaim(claim_id, why)
-                    await self._report(qt.task_id, int(time.time() * 1000), release, f"{claim_id}:release")
-                raise
-            try:
-                if cancelled.done():  # cancelled between the claim and now: nothing to run
-                    why = f"cancelled before it started ({cancelled.result()})"
-                    finish = r.FinishReport(claim_id, None, "", 0, why)
-                    await self._report(qt.task_id, int(time.time() * 1000), finish, f"{claim_id}:finish")
-                    return
-                await self._run(qt, claim_id, cancelled)
-            finally:
-                self.slots.release()
+            await self._run(qt, claim_id, cancelled)
         finally:
             beats.cancel()
 

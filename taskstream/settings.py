@@ -72,12 +72,15 @@ class Settings:
     # A task's process group being stopped (cancelled, over its cap, drained) gets SIGTERM, then SIGKILL
     # this long after.
     kill_grace_ms: int = 5_000
+    # A queued task nobody has claimed after this long is queued again (its queue record or every claim
+    # on it was lost). Longer than a worker's wait for a claim's verdict (60 s).
+    requeue_ms: int = 90_000
     # A task waiting for prerequisites asks again those that have not said they ended, after
     # recheck_ms, then twice as long each time up to recheck_max_ms (an answer lost in a rebalance).
     recheck_ms: int = 30_000
     # A projection batch smaller than its maximum waits this long for more events (on Kafka): fewer,
     # larger PostgreSQL and Neo4j transactions, at the price of this much more projection lag.
-    projection_linger_ms: int = 200
+    projection_linger_ms: int = 100
     recheck_max_ms: int = 600_000
     # A Faust worker silent this long (its consumer-group session) loses its partitions to the others.
     worker_session_timeout_ms: int = 6000

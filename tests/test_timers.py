@@ -13,6 +13,7 @@ from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
 from taskstream.streams.timers import TimerIndex
 
+from taskstream.core import commands as c
 from taskstream.core.model import Status, TaskSpec, TaskState
 from taskstream.settings import Settings, SettingsError
 
@@ -105,3 +106,15 @@ def test_lease_and_timer_settings_that_cannot_work_are_refused_by_name(env: dict
 def test_the_default_lease_settings_are_accepted() -> None:
     s = Settings.from_env({})
     assert s.heartbeat_ms < s.lease_ms and s.lease_expiry_limit >= 1
+
+
+def test_a_queued_task_gets_a_requeue_timer_that_its_claim_replaces() -> None:
+    lc = lifecycle(requeue_ms=90_000, lease_ms=10_000, lease_grace_ms=2_000)
+    lc.ctx.events, lc.ctx.queue = "events", "queue"  # type: ignore[attr-defined]
+    lc.ctx.event = lambda tid, sid, version, at, ev: (version, ev)  # type: ignore[attr-defined]
+    spec = TaskSpec("t", "acme", ("true",))
+    rec = TaskRecord(TaskState("t1", Status.READY, 3, spec, "s"))
+    events, timer = lc._decide(rec, [c.QueueTask("default", 100)], 100, 0.0, [])
+    assert rec.state.status is Status.QUEUED and timer == {"due": 90_100, "purpose": "requeue"}
+    events, timer = lc._decide(rec, [c.ClaimTask(rec.state.attempt, "w1", "claim-1", 200)], 200, 0.0, [])
+    assert rec.state.status is Status.CLAIMED and timer == {"due": 12_200, "purpose": "lease"}

@@ -75,13 +75,13 @@ def test_bad_commands_are_dead_lettered_or_decided_and_nothing_stops(stack: Stac
     sent_garbage: list[bytes] = []
     sent_commands: list[tuple[str, str, str | None]] = []
 
-    @settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
     @given(raw_garbage())
     def throw_garbage(data: bytes) -> None:
         producer.produce(s.topic("commands"), key=garbage_key, value=data)
         sent_garbage.append(data)
 
-    @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(nonsense_submission())
     def throw_nonsense(body: dict[str, Any]) -> None:
         cid = produce_command(stack, "SubmitDag", body)

@@ -50,6 +50,18 @@ TOPICS: tuple[TopicPlan, ...] = (
     TopicPlan("admission-members", None, {"cleanup.policy": "delete", "retention.ms": "3600000"}, partitions=1),
 )
 ADMISSION_GROUP_SUFFIX = "admission"  # consumer group (offsets only) of the admission workers
+FAUST_TABLES = ("tasks", "timers")  # the Faust workers' tables (streams/app.py)
+
+
+def faust_app_id(settings: Settings) -> str:
+    return f"{settings.topic_prefix}-scheduler"
+
+
+def faust_changelogs(settings: Settings) -> list[str]:
+    """The changelog topics of the Faust workers' tables, named as Faust names them. Created here with
+    the others: left to Faust, a fresh broker's metadata once lagged its creation, the worker took the
+    changelog for missing (PartitionsMismatch on every table write) and no task ever moved."""
+    return [f"{faust_app_id(settings)}-{table}-changelog" for table in FAUST_TABLES]
 
 
 def subject(settings: Settings, key: str) -> str:
@@ -64,10 +76,10 @@ def admin(settings: Settings) -> AdminClient:
 def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
     """Create missing topics; existing ones are left as they are."""
     client = admin(settings)
-    futures = client.create_topics(
-        [NewTopic(settings.topic(t.key), t.partitions or settings.partitions, 1, config=t.config) for t in TOPICS],
-        request_timeout=timeout,
-    )
+    topics = [NewTopic(settings.topic(t.key), t.partitions or settings.partitions, 1, config=t.config) for t in TOPICS]
+    compact = {"cleanup.policy": "compact"}
+    topics += [NewTopic(name, settings.partitions, 1, config=compact) for name in faust_changelogs(settings)]
+    futures = client.create_topics(topics, request_timeout=timeout)
     for name, fut in futures.items():
         try:
             fut.result(timeout)

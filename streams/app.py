@@ -16,7 +16,7 @@ from typing import Any
 import faust
 from taskstream.connectors import broker
 from taskstream.connectors.faust_patches import ack_processed_only, read_committed_only
-from taskstream.connectors.kafka import make_codec
+from taskstream.connectors.kafka import faust_app_id, make_codec
 from taskstream.connectors.keeper import Keeper
 from taskstream.connectors.services import ready_file
 from taskstream.schemas.codec import DecodeError
@@ -39,7 +39,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     s = settings
     node = s.node_id or f"{s.node}-w{index}"
     app = faust.App(
-        f"{s.topic_prefix}-scheduler",
+        faust_app_id(s),
         broker=f"kafka://{s.bootstrap}",
         store="rocksdb://",  # rocksdict underneath: the table store that survived restarts here
         datadir=str(s.state_dir / "faust" / f"worker-{index}"),

@@ -22,8 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from taskstream.settings import Settings
+
+# These machines are shared and the suite runs stacks beside the pure tests: how fast hypothesis draws
+# its examples says nothing about the code under test (too_slow failed a test that passes alone).
+hypothesis_settings.register_profile("shared-machine", suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("shared-machine")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,3 +187,17 @@ def wait_until(check: Callable[[], Any], timeout: float = 120, what: str = "cond
             return last
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need neither shared stack first, then the Kafka stack's, then the fallback's: a shared
+    stack is up only while its own tests run (an idle fallback stack took most of a core from the tests
+    that ran beside it)."""
+    rank = {None: 0, "kafka": 1, "fallback": 2}
+
+    def kind(item: pytest.Item) -> Any:
+        spec = getattr(item, "callspec", None)
+        return spec.params.get("stack_kind") if spec is not None else None
+
+    items.sort(key=lambda item: rank.get(kind(item), 0))

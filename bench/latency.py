@@ -1,0 +1,152 @@
+"""Benchmark: submit -> start latency of ready no-op tasks, open loop, and a 40-task chain's total time.
+
+On a fresh embedded stack: first the maximum rate, from --probe one-task submissions of a no-op
+callable (`os:getpid`) sent as fast as the SDK goes (tasks/s from the first send to the last success).
+Then, at 25, 50 and 75% of it, one-task submissions sent open loop for --seconds each: every send has
+an intended time (start + i / rate), and latency counts from that time, so a sender that falls behind
+shows as latency instead of hiding it. Submit -> start is the TaskStarted's event time minus the
+intended send time; each hop's share comes from the event times PostgreSQL keeps (admitted, queued,
+claimed, started). Last, a chain of 40 no-op callables: from its send to the last task's success.
+
+    python bench/latency.py [--engines kafka|fallback|both] [--probe 300] [--seconds 20]
+
+Writes bench/results/latency-<pair>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from _stack import embedded_stack, kinds, settings_of, when, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+NOOP = {"call": "os:getpid"}
+HOPS = ("send_to_admitted", "admitted_to_queued", "queued_to_claimed", "claimed_to_started")
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    vals = sorted(values)
+    return round(vals[min(len(vals) - 1, int(q * len(vals)))] * 1000, 1)  # ms
+
+
+def one_task(tag: str) -> Any:
+    from taskstream.core.submission import parse_document
+
+    return parse_document({"tenant": "bench", "tasks": [{"name": tag, **NOOP}]})
+
+
+def wait_done(conn: Any, tenant_tasks: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        (n,) = conn.execute("SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'").fetchone()
+        if n >= tenant_tasks:
+            return
+        time.sleep(0.3)
+    raise SystemExit(f"only {n} of {tenant_tasks} tasks succeeded within {timeout:.0f}s")
+
+
+def main() -> int:
+    import psycopg
+
+    from taskstream.core.submission import parse_document
+    from taskstream.sdk import Client
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engines", choices=("kafka", "fallback", "both"), default="kafka")
+    ap.add_argument("--probe", type=int, default=300)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    args = ap.parse_args()
+    for kind in kinds(args.engines):
+        with embedded_stack(kind) as env:
+            s = settings_of(env)
+            conn = psycopg.connect(s.dsn, autocommit=True)
+            total = 0
+            with Client(s, issuer="bench") as client:
+                # the maximum rate
+                t0 = time.time()
+                for i in range(args.probe):
+                    client.submit(one_task(f"probe{i}"))
+                total += args.probe
+                wait_done(conn, total)
+                (last,) = conn.execute("SELECT extract(epoch FROM max(finished_at)) FROM tasks").fetchone()
+                max_rate = args.probe / (float(last) - t0)
+                print(f"{kind}: maximum rate {max_rate:.1f} tasks/s", flush=True)
+                levels: dict[str, Any] = {}
+                for share in (0.25, 0.5, 0.75):
+                    rate = max_rate * share
+                    n = max(10, int(rate * args.seconds))
+                    tag = f"r{int(share * 100)}-{uuid.uuid4().hex[:6]}"
+                    intended: dict[str, float] = {}
+                    start = time.time() + 0.2
+                    for i in range(n):
+                        due = start + i / rate
+                        pause = due - time.time()
+                        if pause > 0:
+                            time.sleep(pause)
+                        _, sid = client.submit(one_task(f"{tag}-{i}"))
+                        intended[sid] = due
+                    total += n
+                    wait_done(conn, total)
+                    rows = conn.execute(
+                        "SELECT t.submission_id::text, extract(epoch FROM t.admitted_at), "
+                        "extract(epoch FROM a.queued_at), extract(epoch FROM a.claimed_at), "
+                        "extract(epoch FROM a.started_at) FROM tasks t JOIN attempts a USING (task_id) "
+                        "WHERE t.name LIKE %s AND a.attempt = 1",
+                        (f"{tag}-%",),
+                    ).fetchall()
+                    latency, hops = [], {h: [] for h in HOPS}
+                    for sid, admitted, queued, claimed, started in rows:
+                        sent = intended[sid]
+                        latency.append(float(started) - sent)
+                        points = (sent, float(admitted), float(queued), float(claimed), float(started))
+                        for h, a, b in zip(HOPS, points, points[1:], strict=False):
+                            hops[h].append(b - a)
+                    levels[f"{int(share * 100)}%"] = {
+                        "rate_tasks_per_s": round(rate, 2),
+                        "tasks": len(rows),
+                        "submit_to_start_ms": {
+                            "p50": pct(latency, 0.5),
+                            "p90": pct(latency, 0.9),
+                            "p99": pct(latency, 0.99),
+                        },
+                        "hop_median_ms": {h: round(statistics.median(v) * 1000, 1) for h, v in hops.items() if v},
+                    }
+                    print(f"{kind} {int(share * 100)}%: {levels[f'{int(share * 100)}%']}", flush=True)
+                # a chain of 40
+                chain = [{"name": "c0", **NOOP}] + [
+                    {"name": f"c{i}", **NOOP, "dependencies": [f"c{i - 1}"]} for i in range(1, 40)
+                ]
+                t0 = time.time()
+                client.submit(parse_document({"tenant": "bench", "tasks": chain}))
+                total += 40
+                wait_done(conn, total)
+                (last,) = conn.execute(
+                    "SELECT extract(epoch FROM max(finished_at)) FROM tasks WHERE name = 'c39'"
+                ).fetchone()
+                chain_s = float(last) - t0
+            conn.close()
+        report = {
+            "benchmark": "open-loop submit -> start of ready no-op callables; a 40-task chain",
+            "engines": kind,
+            "maximum_rate_tasks_per_s": round(max_rate, 2),
+            "levels": levels,
+            "chain_of_40_seconds": round(chain_s, 3),
+            "aim": "p50 under 10 ms and p99 under 50 ms at half the maximum rate; the chain under 0.4 s",
+            "how": f"{args.probe} one-task submissions for the maximum; {args.seconds:g} s per level",
+            "when": when(),
+        }
+        write_report(RESULTS / f"latency-{kind}.json", report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

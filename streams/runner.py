@@ -20,6 +20,7 @@ import contextlib
 import importlib
 import json
 import os
+import signal
 import sys
 import traceback
 from typing import Any
@@ -55,7 +56,7 @@ class Runner:
             await asyncio.wait_for(self.proc.wait(), 2.0)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, 9)
+                os.killpg(self.proc.pid, signal.SIGKILL)
             await self.proc.wait()
 
     async def call(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from taskstream.core.model import TERMINAL as TERMINAL_STATUSES
 from taskstream.settings import Settings, SettingsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -26,7 +27,7 @@ serve_app = typer.Typer(hidden=True, help="Run one service in the foreground (th
 app.add_typer(serve_app, name="serve")
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
-TERMINAL = {"SUCCEEDED", "DEAD_LETTERED", "CANCELLED", "REJECTED"}
+TERMINAL = frozenset(st.value for st in TERMINAL_STATUSES)  # status names as the read model stores them
 STYLE = {
     "SUCCEEDED": "green",
     "DEAD_LETTERED": "red",

@@ -15,6 +15,8 @@ from confluent_kafka import KafkaException, TopicPartition
 from taskstream.connectors import broker
 from taskstream.connectors.kafka import consumer, make_codec, producer
 from taskstream.connectors.partitioning import partition_for
+from taskstream.core import commands, model
+from taskstream.core.machine import TRANSITIONS
 from taskstream.core.submission import Submission, external_dependencies, submission_id_for
 from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import (
@@ -37,8 +39,9 @@ class TaskError(SubmitError):
     where the request means anything."""
 
 
-TERMINAL = frozenset({"SUCCEEDED", "DEAD_LETTERED", "CANCELLED", "REJECTED"})
-REPRIORITIZABLE = frozenset({"SUBMITTED", "WAITING", "READY", "RETRY_WAIT"})  # core/machine.py TRANSITIONS
+# status names as the read model stores them, from the core's own definitions
+TERMINAL = frozenset(st.value for st in model.TERMINAL)
+REPRIORITIZABLE = frozenset(st.value for st in TRANSITIONS[commands.ReprioritizeTask])
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 _MARK = "_taskstream_read_committed"
 _ACK_MARK = "_taskstream_processed_only"
+_FETCH_MARK = "_taskstream_fetch_in_batches"
 
 
 def read_committed_only() -> None:
@@ -55,3 +56,47 @@ def ack_processed_only() -> None:
 
     setattr(ack, _ACK_MARK, True)
     Consumer.ack = ack  # type: ignore[method-assign]
+
+
+def as_current_event(event: Any) -> Any:
+    """A context in which `event` is Faust's current event (faust.streams' context variable).
+
+    A Faust table writes a key to the changelog partition, and the RocksDB store to the partition
+    database, of the current event. Outside the stream's iteration there is none, and the lifecycle
+    saves a batch's records after the batch's events are durable (streams/lifecycle.py): each key is
+    written as the event it came in with."""
+    import contextlib
+    import weakref
+
+    from faust import streams
+
+    @contextlib.contextmanager
+    def current() -> Any:
+        token = streams._current_event.set(weakref.ref(event))
+        try:
+            yield
+        finally:
+            streams._current_event.reset(token)
+
+    return current()
+
+
+def fetch_in_batches(max_wait_ms: int, min_bytes: int) -> None:
+    """Make every aiokafka consumer in this process fetch in batches: a fetch is answered when
+    `min_bytes` are there or after `max_wait_ms`. Faust asks for at least one byte and up to 1.5 s, so
+    under load each of its fetches carried a handful of records and the broker answered hundreds of
+    fetches a second (docs/measurements.md, "Dispatch throughput"); an idle consumer now asks
+    1000 / max_wait_ms times a second."""
+    import aiokafka
+
+    init = aiokafka.AIOKafkaConsumer.__init__
+    if getattr(init, _FETCH_MARK, False):
+        return
+
+    def patched(self: Any, *topics: Any, **kwargs: Any) -> None:
+        kwargs["fetch_max_wait_ms"] = max_wait_ms
+        kwargs["fetch_min_bytes"] = min_bytes
+        init(self, *topics, **kwargs)
+
+    setattr(patched, _FETCH_MARK, True)
+    aiokafka.AIOKafkaConsumer.__init__ = patched  # type: ignore[method-assign]

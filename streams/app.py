@@ -15,7 +15,12 @@ from typing import Any
 
 import faust
 from taskstream.connectors import broker
-from taskstream.connectors.faust_patches import ack_processed_only, read_committed_only
+from taskstream.connectors.faust_patches import (
+    ack_processed_only,
+    as_current_event,
+    fetch_in_batches,
+    read_committed_only,
+)
 from taskstream.connectors.kafka import faust_app_id, make_codec
 from taskstream.connectors.keeper import Keeper
 from taskstream.connectors.services import ready_file
@@ -33,6 +38,13 @@ log = logging.getLogger(__name__)
 TIMER_RESEND_MS = 5_000
 TIMER_REBUILD_S = 5.0  # how often the timer index is rebuilt from the table (timers of partitions taken over)
 RECHECK_AFTER_REBALANCE_MS = 3_000  # waiting tasks ask their prerequisites again this soon after a rebalance
+# The lifecycle takes its inputs in batches of at most this many, gathered for at most this long: one
+# write and one wait per batch (streams/lifecycle.py), a few milliseconds' latency per hop at most.
+LIFECYCLE_BATCH = 2_000
+LIFECYCLE_WITHIN_S = 0.003
+# The worker's consumers wait for this many bytes or this long (connectors/faust_patches.py).
+FETCH_WAIT_MS = 10
+FETCH_MIN_BYTES = 256 * 1024
 
 
 def build_app(settings: Settings, index: int = 0) -> faust.App:
@@ -49,7 +61,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         topic_partitions=s.partitions,
         topic_replication_factor=1,
         processing_guarantee="at_least_once",
-        producer_linger_ms=5,
+        producer_linger_ms=1,
         broker_commit_interval=0.5,
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
@@ -76,14 +88,15 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     def lifecycle() -> Lifecycle:
         if "l" not in lifecycle_holder:
-            lifecycle_holder["l"] = Lifecycle(ctx(), tasks, timers, due_index)
+            lifecycle_holder["l"] = Lifecycle(ctx(), tasks, timers, due_index, lambda m: as_current_event(m.event))
         return lifecycle_holder["l"]
 
     @app.agent(owned, name="lifecycle")
     async def lifecycle_agent(stream: Any) -> None:
         events_topic = s.topic("events")
-        async for event in stream.events():
-            await _guarded(ctx(), _Msg(event), "lifecycle", lifecycle().on_message(_Msg(event), events_topic))
+        async for batch in stream.take_events(LIFECYCLE_BATCH, LIFECYCLE_WITHIN_S):
+            messages = [_Msg(event) for event in batch]
+            await lifecycle().on_batch(messages, events_topic, lambda m, h: _guarded(ctx(), m, "lifecycle", h))
 
     worker_id = node
     waiter_holder: dict[str, Any] = {}
@@ -93,7 +106,8 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         waiter_holder["w"] = ClaimWaiter(ctx(), worker_id)
         await waiter_holder["w"].run()
 
-    @app.agent(queue, name="executor", concurrency=s.worker_slots)
+    # slots + claim_ahead executors claim; at most worker_slots of them run at once (streams/worker.py)
+    @app.agent(queue, name="executor", concurrency=s.worker_slots + s.claim_ahead)
     async def executor(stream: Any) -> None:
         async for event in stream.events():
             while "w" not in waiter_holder:
@@ -106,7 +120,11 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             if "keeper" not in waiter_holder:  # kills this worker's task processes if the worker dies
                 waiter_holder["keeper"] = Keeper()
                 waiter_holder["runners"] = Runners(waiter_holder["keeper"])  # for callable tasks
-            executor = Executor(ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"])
+                waiter_holder["slots"] = asyncio.Semaphore(s.worker_slots)
+            executor = Executor(
+                ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"],
+                waiter_holder["slots"],
+            )  # fmt: skip
             await _guarded(ctx(), _Msg(event), "executor", executor.handle(qt))
 
     sent: dict[bytes, int] = {}
@@ -193,6 +211,7 @@ class _Msg:
     """The parts of a Faust event the handlers use (topic, partition, offset, timestamp, key, value)."""
 
     def __init__(self, event: Any) -> None:
+        self.event = event
         m = event.message
         self.topic, self.partition, self.offset = m.topic, m.partition, m.offset
         self.timestamp = m.timestamp
@@ -205,6 +224,7 @@ def run_worker(settings: Settings, index: int) -> None:
     broker.install_client_patches(settings)
     read_committed_only()
     ack_processed_only()
+    fetch_in_batches(FETCH_WAIT_MS, FETCH_MIN_BYTES)
     app = build_app(settings, index)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

@@ -7,10 +7,16 @@ the resulting events and signals, waits until they are durable, and only then sa
 in its table. Reprocessing an input after a crash therefore either finds the record already saved (the
 events are durable) or decides again from the same state and time, producing the same events with the
 same ids, which every reader skips.
+
+Inputs come in batches (`on_batch`): each is decided in turn against the records as the batch left
+them, everything decided is written in one go and waited for once, and only then are the records and
+timers saved (each once, as the batch left it) and the batch acknowledged. One Kafka round trip and
+one table write per task per batch, rather than per input, is what the hot path costs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import deque
@@ -36,18 +42,71 @@ ADMISSION_KINDS = frozenset({b"TasksAdmitted", *(k.__name__.encode() for k in AD
 LEASED = (Status.CLAIMED, Status.RUNNING)  # the statuses in which a claim's lease runs
 
 
+class _Batch:
+    """What a batch of inputs decided and has not written yet: the records to send, and the tasks'
+    records and timers as the batch left them (a timer of None: cleared)."""
+
+    def __init__(self) -> None:
+        self.sends: list[tuple[Any, str, Any]] = []
+        self.tasks: dict[bytes, bytes] = {}
+        self.timers: dict[bytes, bytes | None] = {}
+        self.source: dict[bytes, Any] = {}  # key -> the message it came with (saved as that one's)
+
+
 class Lifecycle:
-    def __init__(self, ctx: Context, tasks: Any, timers: Any, index: TimerIndex | None = None) -> None:
+    def __init__(
+        self, ctx: Context, tasks: Any, timers: Any, index: TimerIndex | None = None, as_event: Any = None
+    ) -> None:
         self.ctx = ctx
         self.tasks = tasks  # faust Table: task id (bytes) -> TaskRecord JSON
         self.timers = timers  # faust Table: task id (bytes) -> {"due": ms, "purpose": str}
         self.index = index or TimerIndex()  # when they are due (streams/timers.py)
+        # as_event(message): a context in which a table write is that message's (its partition's)
+        self.as_event = as_event or (lambda _message: contextlib.nullcontext())
+        self._batch: _Batch | None = None
+        self._message: Any = None  # the batch's message being handled
 
     def load(self, task_id: str) -> TaskRecord:
-        raw = self.tasks.get(task_id.encode())
+        key = task_id.encode()
+        raw = self._batch.tasks.get(key) if self._batch is not None else None
+        raw = raw or self.tasks.get(key)
         return loads(raw) if raw else TaskRecord(TaskState(task_id=task_id))
 
+    def _timer(self, key: bytes) -> bytes | None:
+        if self._batch is not None and key in self._batch.timers:
+            return self._batch.timers[key]
+        return self.timers.get(key)  # type: ignore[no-any-return]
+
+    async def _emit(self, sends: list[tuple[Any, str, Any]]) -> None:
+        """Write records: at once outside a batch, with the batch's other records inside one."""
+        if self._batch is not None:
+            self._batch.sends.extend(sends)
+        else:
+            await self.ctx.send_all(sends)
+
     # -- inputs ----------------------------------------------------------------------------------------
+    async def on_batch(self, messages: list[Any], events_topic: str, guard: Any) -> None:
+        """Handle messages in order, each through `guard(message, handling)` (which dead-letters a
+        message whose handling raises), then write what they decided, wait for it, and save."""
+        batch = self._batch = _Batch()
+        try:
+            for message in messages:
+                self._message = message
+                await guard(message, self.on_message(message, events_topic))
+        finally:
+            self._batch = self._message = None
+        await self.ctx.send_all(batch.sends)  # durable first ...
+        for key, raw in batch.tasks.items():  # ... then remembered
+            with self.as_event(batch.source[key]):
+                self.tasks[key] = raw
+        for key, timer in batch.timers.items():
+            with self.as_event(batch.source[key]):
+                if timer is not None:
+                    self.timers[key] = timer
+                    self.index.note(key, int(json.loads(timer)["due"]))
+                elif key in self.timers:
+                    del self.timers[key]
+
     async def on_message(self, message: Any, events_topic: str) -> None:
         if message.topic == events_topic:
             await self._on_event(message)
@@ -101,7 +160,7 @@ class Lifecycle:
             out.extend(events)
             out.extend(sends)
             saves.append((record, timer))
-        await self.ctx.send_all(out)  # durable first ...
+        await self._emit(out)  # durable first ...
         for record, timer in saves:
             self._save(record, timer)  # ... then remembered
 
@@ -123,15 +182,15 @@ class Lifecycle:
                     record.dependents.append(dep)
                 if record.state.is_terminal:
                     sends.append(self._ended_signal(record.state, dep, at))
-                elif record.state.version == 0 and not record.not_admitted and inp.task_id.encode() not in self.timers:
+                elif record.state.version == 0 and not record.not_admitted and self._timer(inp.task_id.encode()) is None:
                     # A task of another submission not admitted (yet): wait for it, but not forever (a
                     # dependent asking again does not move the deadline).
                     wait = {"due": at + self.ctx.settings.reference_wait_ms, "purpose": "admission_wait"}
                     self._set_timer(inp.task_id, wait)
             case r.TimerFired(purpose="admission_wait"):
-                stored = self.timers.get(inp.task_id.encode())
+                stored = self._timer(inp.task_id.encode())
                 if stored is not None and json.loads(stored).get("purpose") == "admission_wait":
-                    del self.timers[inp.task_id.encode()]
+                    self._clear_timer(inp.task_id.encode())
                 if record.state.version == 0 and not record.not_admitted:
                     record.not_admitted = True
                     sends.extend(self._not_admitted_signal(inp.task_id, d, at) for d in record.dependents)
@@ -169,7 +228,7 @@ class Lifecycle:
                     self._save(record, None)
                     return
                 sends.extend(self._recheck(record, at))
-                await self.ctx.send_all(sends)
+                await self._emit(sends)
                 self._save(record, self._recheck_timer(record, at))
                 return
             case r.StartReport(claim_id=cid, pid=pid):
@@ -184,7 +243,7 @@ class Lifecycle:
                     log.info("task %s attempt %d queued %ds ago and not claimed: queued again", st.task_id,
                              st.attempt, self.ctx.settings.requeue_ms // 1000)  # fmt: skip
                     again = r.QueuedTask(st.task_id, st.attempt, self.ctx.settings.lane, at, st.spec)
-                    await self.ctx.send_all([(self.ctx.queue, st.task_id, again)])
+                    await self._emit([(self.ctx.queue, st.task_id, again)])
                     self._save(record, {"due": at + self.ctx.settings.requeue_ms, "purpose": "requeue"})
                 return
             case r.TimerFired(purpose="retry"):
@@ -252,7 +311,7 @@ class Lifecycle:
         self, record: TaskRecord, commands: list[c.Command], at: int, rand: float, sends: list[tuple[Any, str, Any]]
     ) -> None:
         events, timer = self._decide(record, commands, at, rand, sends)
-        await self.ctx.send_all(events + sends)  # durable first ...
+        await self._emit(events + sends)  # durable first ...
         self._save(record, timer)  # ... then remembered
 
     def _decide(
@@ -323,21 +382,37 @@ class Lifecycle:
 
     def _set_timer(self, task_id: str, timer: dict[str, Any]) -> None:
         key = task_id.encode()
-        self.timers[key] = json.dumps(timer).encode()
+        raw = json.dumps(timer).encode()
+        if self._batch is not None:
+            self._batch.timers[key] = raw
+            self._batch.source[key] = self._message
+            return
+        self.timers[key] = raw
         self.index.note(key, int(timer["due"]))
+
+    def _clear_timer(self, key: bytes) -> None:
+        if self._batch is not None:
+            self._batch.timers[key] = None
+            self._batch.source[key] = self._message
+        elif key in self.timers:
+            del self.timers[key]
 
     def _save(self, record: TaskRecord, timer: Any) -> None:
         """Remember the task (only once its events are durable) and set, clear or keep its timer:
         a dict sets it, None clears it, False leaves it as it is. A task left waiting for prerequisites
         without a timer gets its recheck timer."""
         key = record.state.task_id.encode()
-        if timer is False and record.state.status is Status.WAITING and key not in self.timers:
+        if timer is False and record.state.status is Status.WAITING and self._timer(key) is None:
             timer = self._recheck_timer(record, record.state.updated_ms) or False
-        self.tasks[key] = dumps(record)
+        if self._batch is not None:
+            self._batch.tasks[key] = dumps(record)
+            self._batch.source[key] = self._message
+        else:
+            self.tasks[key] = dumps(record)
         if timer:
             self._set_timer(record.state.task_id, timer)
-        elif timer is None and key in self.timers:
-            del self.timers[key]
+        elif timer is None:
+            self._clear_timer(key)
 
 
 _ENDINGS = (e.TaskSucceeded, e.TaskDeadLettered, e.TaskCancelled, e.TaskRejected)

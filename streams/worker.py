@@ -37,6 +37,9 @@ from taskstream.core import events as e
 log = logging.getLogger(__name__)
 CLAIM_TIMEOUT_S = 60.0
 CLAIM_RESEND_S = 10.0  # a claim request with no verdict yet is sent again this often
+# A run's start is reported this long after it started, or with its end if that comes first: a short
+# task's start and finish then go out in one write and are decided in one step (the start keeps its time).
+START_REPORT_AFTER_S = 0.05
 VERDICTS = (b"TaskClaimed", b"ClaimRejected")
 WATCHED = (*VERDICTS, b"TaskCancelled")
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
@@ -75,7 +78,7 @@ class ClaimWaiter:
             bootstrap_servers=s.bootstrap,
             enable_auto_commit=False,
             isolation_level="read_committed",
-            fetch_max_wait_ms=500,  # a long-poll: it returns as soon as a verdict is there
+            # fetch sizes and waits: connectors/faust_patches.fetch_in_batches (set for the worker process)
         )
         await consumer.start()
         try:
@@ -138,12 +141,15 @@ class Executor:
         waiter: ClaimWaiter,
         keeper: Keeper | None = None,
         runners: Runners | None = None,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.ctx = ctx
         self.worker_id = worker_id
         self.waiter = waiter
         self.keeper = keeper
         self.runners = runners if runners is not None else Runners(keeper)  # shared by a worker's executors
+        # the worker's run slots, shared by its executors: more executors claim than run (claim_ahead)
+        self.slots = slots if slots is not None else asyncio.Semaphore(ctx.settings.worker_slots)
         self.work_root = ctx.settings.state_dir / "work"
 
     async def handle(self, qt: r.QueuedTask) -> None:
@@ -176,14 +182,26 @@ class Executor:
         if isinstance(outcome, e.ClaimRejected):
             log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
             return
-        if cancelled.done():  # cancelled between the claim and now: nothing to run
-            why = f"cancelled before it started ({cancelled.result()})"
-            finish = r.FinishReport(claim_id, None, "", 0, why)
-            await self._report(qt.task_id, int(time.time() * 1000), finish, f"{claim_id}:finish")
-            return
-        beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))
+        beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))  # from the claim on, not the start
         try:
-            await self._run(qt, claim_id, cancelled)
+            try:
+                await self.slots.acquire()  # claimed ahead: wait for a free slot
+            except asyncio.CancelledError:  # the worker is stopping before it ran: hand it back
+                why = f"its worker {self.worker_id} stopped before a slot was free"
+                with contextlib.suppress(Exception):
+                    await self._report(
+                        qt.task_id, int(time.time() * 1000), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
+                    )
+                raise
+            try:
+                if cancelled.done():  # cancelled between the claim and now: nothing to run
+                    why = f"cancelled before it started ({cancelled.result()})"
+                    finish = r.FinishReport(claim_id, None, "", 0, why)
+                    await self._report(qt.task_id, int(time.time() * 1000), finish, f"{claim_id}:finish")
+                    return
+                await self._run(qt, claim_id, cancelled)
+            finally:
+                self.slots.release()
         finally:
             beats.cancel()
 
@@ -197,8 +215,12 @@ class Executor:
             with contextlib.suppress(Exception):  # a lost heartbeat is what leases are for
                 await self._report(task_id, int(time.time() * 1000), r.Heartbeat(claim_id), f"{claim_id}:beat:{n}")
 
-    async def _report(self, task_id: str, at: int, body: Any, input_id: str) -> None:
-        await self.ctx.send_all([(self.ctx.inputs, task_id, self.ctx.input(task_id, at, body, input_id))])
+    async def _report(self, task_id: str, at: int, body: Any, input_id: str, before: Any = None) -> None:
+        """Send one report (after `before`, an earlier report held back: see _StartReport)."""
+        first = [before] if before is not None else []
+        await self.ctx.send_all(
+            [(self.ctx.inputs, task_id, self.ctx.input(task_id, t, b, i)) for t, b, i in [*first, (at, body, input_id)]]
+        )
 
     async def _run(self, qt: r.QueuedTask, claim_id: str, cancelled: asyncio.Future[str]) -> None:
         spec = qt.spec
@@ -244,7 +266,7 @@ class Executor:
     ) -> None:
         spec = qt.spec
         grace = self.ctx.settings.kill_grace_ms / 1000
-        await self._report(qt.task_id, int(time.time() * 1000), r.StartReport(claim_id, run.pid), f"{claim_id}:start")
+        start = _StartReport(self, qt.task_id, claim_id, run.pid)
         reason = ""
         try:
             ended = asyncio.ensure_future(run.wait())
@@ -257,7 +279,7 @@ class Executor:
                     reason = f"killed: ran over its execution cap of {spec.execution_cap_ms / 1000:g}s"
                 await run.stop(grace)
         except asyncio.CancelledError:  # the worker is stopping: drain
-            if not await self._drain(qt, claim_id, run):
+            if not await self._drain(qt, claim_id, run, await start.take()):
                 run.cleanup()
                 raise
         code, why, tail = await run.result()
@@ -269,13 +291,17 @@ class Executor:
             int(time.time() * 1000),
             r.FinishReport(claim_id, code, tail, duration, reason or why),
             f"{claim_id}:finish",
+            await start.take(),
         )
 
-    async def _drain(self, qt: r.QueuedTask, claim_id: str, run: _ProgramRun | _CallRun) -> bool:
+    async def _drain(self, qt: r.QueuedTask, claim_id: str, run: _ProgramRun | _CallRun, start: Any) -> bool:
         """Stopping: give the task drain_ms to finish (True: it did, report it as usual); else kill it and
         hand it back, so it runs again elsewhere without using up a retry (False)."""
         drain = self.ctx.settings.drain_ms / 1000
         log.info("stopping: task %s has %.0fs to finish", qt.task_id, drain)
+        if start is not None:
+            with contextlib.suppress(Exception):
+                await self._report(qt.task_id, *start)
         try:
             await asyncio.wait_for(asyncio.shield(run.wait()), drain)
             return True
@@ -289,6 +315,30 @@ class Executor:
             )
         log.info("handed task %s back: %s", qt.task_id, why)
         return False
+
+
+class _StartReport:
+    """A run's start report, sent START_REPORT_AFTER_S after the start unless taken first (to go out with
+    the run's end). `take()` gives (at, body, input id) if it was not sent yet, else None."""
+
+    def __init__(self, executor: Executor, task_id: str, claim_id: str, pid: int) -> None:
+        self.report = (int(time.time() * 1000), r.StartReport(claim_id, pid), f"{claim_id}:start")
+        self.sending = False
+        self.sent = asyncio.create_task(self._later(executor, task_id))
+
+    async def _later(self, executor: Executor, task_id: str) -> None:
+        await asyncio.sleep(START_REPORT_AFTER_S)
+        self.sending = True
+        await executor._report(task_id, *self.report)
+
+    async def take(self) -> tuple[int, Any, str] | None:
+        if not self.sending:
+            self.sent.cancel()
+            self.sending = True
+            return self.report
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.shield(self.sent)  # a report after it, never before
+        return None
 
 
 class _ProgramRun:

@@ -55,6 +55,10 @@ class Settings:
     # Faust workers.
     workers: int = 1
     worker_slots: int = 4
+    # A worker claims up to this many queued tasks beyond its free slots, so a slot that frees starts
+    # its next task at once instead of after a claim's round trip (Celery's prefetch). A task claimed
+    # ahead is CLAIMED, its lease kept alive, until a slot takes it; a stopping worker hands it back.
+    claim_ahead: int = 4
     worker_port: int = 16066  # Faust's web port for the first worker (loopback), next ones +1
     node_id: str = ""
     lane: str = "default"
@@ -199,6 +203,10 @@ def _timing_problems(s: Settings) -> list[str]:
     for name in ("lease_grace_ms", "drain_ms", "kill_grace_ms"):
         if getattr(s, name) < 0:
             out.append(f"TASKSTREAM_{name.upper()}={getattr(s, name)} must not be negative")
+    if s.worker_slots < 1:
+        out.append(f"TASKSTREAM_WORKER_SLOTS={s.worker_slots} must be at least 1")
+    if s.claim_ahead < 0:
+        out.append(f"TASKSTREAM_CLAIM_AHEAD={s.claim_ahead} must not be negative")
     if s.lease_expiry_limit < 1:
         out.append(f"TASKSTREAM_LEASE_EXPIRY_LIMIT={s.lease_expiry_limit} must be at least 1")
     if not 0 < s.recheck_ms <= s.recheck_max_ms:

@@ -8,7 +8,6 @@ from typing import Any
 
 _MARK = "_taskstream_read_committed"
 _ACK_MARK = "_taskstream_processed_only"
-_FETCH_MARK = "_taskstream_fetch_in_batches"
 
 
 def read_committed_only() -> None:
@@ -80,23 +79,3 @@ def as_current_event(event: Any) -> Any:
 
     return current()
 
-
-def fetch_in_batches(max_wait_ms: int, min_bytes: int) -> None:
-    """Make every aiokafka consumer in this process fetch in batches: a fetch is answered when
-    `min_bytes` are there or after `max_wait_ms`. Faust asks for at least one byte and up to 1.5 s, so
-    under load each of its fetches carried a handful of records and the broker answered hundreds of
-    fetches a second (docs/measurements.md, "Dispatch throughput"); an idle consumer now asks
-    1000 / max_wait_ms times a second."""
-    import aiokafka
-
-    init = aiokafka.AIOKafkaConsumer.__init__
-    if getattr(init, _FETCH_MARK, False):
-        return
-
-    def patched(self: Any, *topics: Any, **kwargs: Any) -> None:
-        kwargs["fetch_max_wait_ms"] = max_wait_ms
-        kwargs["fetch_min_bytes"] = min_bytes
-        init(self, *topics, **kwargs)
-
-    setattr(patched, _FETCH_MARK, True)
-    aiokafka.AIOKafkaConsumer.__init__ = patched  # type: ignore[method-assign]

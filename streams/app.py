@@ -15,12 +15,7 @@ from typing import Any
 
 import faust
 from taskstream.connectors import broker
-from taskstream.connectors.faust_patches import (
-    ack_processed_only,
-    as_current_event,
-    fetch_in_batches,
-    read_committed_only,
-)
+from taskstream.connectors.faust_patches import ack_processed_only, as_current_event, read_committed_only
 from taskstream.connectors.kafka import faust_app_id, make_codec
 from taskstream.connectors.keeper import Keeper
 from taskstream.connectors.services import ready_file
@@ -42,9 +37,6 @@ RECHECK_AFTER_REBALANCE_MS = 3_000  # waiting tasks ask their prerequisites agai
 # write and one wait per batch (streams/lifecycle.py), a few milliseconds' latency per hop at most.
 LIFECYCLE_BATCH = 2_000
 LIFECYCLE_WITHIN_S = 0.003
-# The worker's consumers wait for this many bytes or this long (connectors/faust_patches.py).
-FETCH_WAIT_MS = 10
-FETCH_MIN_BYTES = 256 * 1024
 
 
 def build_app(settings: Settings, index: int = 0) -> faust.App:
@@ -224,7 +216,6 @@ def run_worker(settings: Settings, index: int) -> None:
     broker.install_client_patches(settings)
     read_committed_only()
     ack_processed_only()
-    fetch_in_batches(FETCH_WAIT_MS, FETCH_MIN_BYTES)
     app = build_app(settings, index)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

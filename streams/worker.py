@@ -78,7 +78,7 @@ class ClaimWaiter:
             bootstrap_servers=s.bootstrap,
             enable_auto_commit=False,
             isolation_level="read_committed",
-            # fetch sizes and waits: connectors/faust_patches.fetch_in_batches (set for the worker process)
+            fetch_max_wait_ms=500,  # a long-poll: it returns as soon as a verdict is there
         )
         await consumer.start()
         try:

@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -91,31 +92,62 @@ class Client:
 
     def _send(self, key: str, body: Any, command_id: str | None = None) -> str:
         command_id = command_id or str(uuid.uuid4())
+        errors: list[Any] = []
+        self._produce(key, body, command_id, errors)
+        self._flush(errors)
+        return command_id
+
+    def _produce(self, key: str, body: Any, command_id: str, errors: list[Any]) -> None:
         cmd = CommandRecord(command_id=command_id, issued_ms=int(time.time() * 1000), body=body, issuer=self.issuer)
         value = self._codec.encode(cmd)
-        errors: list[Any] = []
-        self._producer.produce(
-            self.topic, key=key.encode(), value=value, on_delivery=lambda err, _msg: errors.append(err) if err else None
-        )
+        while True:
+            try:
+                self._producer.produce(
+                    self.topic,
+                    key=key.encode(),
+                    value=value,
+                    on_delivery=lambda err, _msg: errors.append(err) if err else None,
+                )
+                return
+            except BufferError:  # the client's queue is full: let it send some first
+                self._producer.poll(0.1)
+
+    def _flush(self, errors: list[Any]) -> None:
         if self._producer.flush(30) or errors:
             raise SubmitError(
-                f"the broker at {self.settings.bootstrap} did not take the command: {errors or 'timeout'}"
+                f"the broker at {self.settings.bootstrap} did not take the command: {errors[:3] or 'timeout'}"
             )
-        return command_id
 
     def submit(self, sub: Submission) -> tuple[str, str]:
         """Produce a SubmitDag; returns (command id, submission id). Admission decides asynchronously."""
-        body = SubmitDag(tenant=sub.tenant, tasks=sub.tasks, idempotency_key=sub.idempotency_key, labels=sub.labels)
-        # A submission that depends on other submissions is decided on its tenant's partition (see
-        # streams/admission.py): key it by tenant so it lands there. Others spread over the partitions.
-        spread = f"{sub.tenant}/{sub.idempotency_key or uuid.uuid4()}"
-        key = sub.tenant if external_dependencies(sub) else spread
-        command_id = str(uuid.uuid4())
-        sid = submission_id_for(sub.tenant, sub.idempotency_key, command_id)
-        # Where the decision will be: after the end of its events partition as it is now.
-        self._marks[command_id] = self._decisions_end(sid)
-        self._send(key, body, command_id)
-        return command_id, sid
+        return self.submit_many([sub])[0]
+
+    def submit_many(self, subs: Iterable[Submission]) -> list[tuple[str, str]]:
+        """Produce a SubmitDag for each submission and wait for the broker once, at the end: the way to
+        send many. Returns (command id, submission id) for each, in order; each is decided on its own,
+        as if sent by `submit`. If the broker does not take them all, SubmitError (resending the same
+        submissions with idempotency keys admits nothing twice)."""
+        errors: list[Any] = []
+        ends: dict[int, TopicPartition] = {}
+        out = []
+        for sub in subs:
+            body = SubmitDag(tenant=sub.tenant, tasks=sub.tasks, idempotency_key=sub.idempotency_key, labels=sub.labels)
+            # A submission that depends on other submissions is decided on its tenant's partition (see
+            # streams/admission.py): key it by tenant so it lands there. Others spread over the partitions.
+            spread = f"{sub.tenant}/{sub.idempotency_key or uuid.uuid4()}"
+            key = sub.tenant if external_dependencies(sub) else spread
+            command_id = str(uuid.uuid4())
+            sid = submission_id_for(sub.tenant, sub.idempotency_key, command_id)
+            # Where the decision will be: after the end of its events partition as it was before the
+            # first of these was sent.
+            part = partition_for(sid.encode(), self.settings.partitions)
+            if part not in ends:
+                ends[part] = self._decisions_end(sid)
+            self._marks[command_id] = TopicPartition(ends[part].topic, part, ends[part].offset)
+            self._produce(key, body, command_id, errors)
+            out.append((command_id, sid))
+        self._flush(errors)
+        return out
 
     def cancel(self, task_id: str, reason: str = "", *, check: bool = True) -> str:
         """Ask the task's owner to cancel it: a task not yet running never runs; a running one is

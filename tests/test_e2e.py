@@ -319,6 +319,24 @@ def test_resubmitting_with_the_same_idempotency_key_admits_nothing_new(stack: St
     assert len(attempts(stack, got["once"]["task_id"])) == 1  # it ran once
 
 
+def test_many_submissions_sent_at_once_are_each_decided_and_run(stack: Stack) -> None:
+    """Client.submit_many: one wait for the broker for all of them; each is decided as its own
+    submission, and comes back in the order sent."""
+    from taskstream.core.submission import parse_document
+    from taskstream.sdk import Client
+
+    tag = uuid.uuid4().hex[:6]
+    docs = [{"tenant": "acme", "tasks": [{"name": f"{tag}-{i}", "call": "os:getpid"}]} for i in range(6)]
+    with Client(stack.settings, issuer="test") as client:
+        sent = client.submit_many(parse_document(d) for d in docs)
+        assert len({sid for _, sid in sent}) == 6
+        outcomes = [client.wait_outcome(sid, 60, cid) for cid, sid in sent]
+    assert [o.accepted for o in outcomes] == [True] * 6
+    for i, (_, sid) in enumerate(sent):
+        got = wait_until(lambda sid=sid: all_terminal(stack, sid, 1), 60, f"submission {i} to end")
+        assert list(got) == [f"{tag}-{i}"] and got[f"{tag}-{i}"]["status"] == "SUCCEEDED"
+
+
 def test_a_task_over_its_execution_cap_is_killed(stack: Stack) -> None:
     tasks = [task("sleeper", "import time; print('sleeping', flush=True); time.sleep(120)", execution_cap_ms=1500)]
     cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": tasks})

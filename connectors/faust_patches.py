@@ -78,4 +78,3 @@ def as_current_event(event: Any) -> Any:
             streams._current_event.reset(token)
 
     return current()
-

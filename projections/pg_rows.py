@@ -90,7 +90,6 @@ def _call_json(s: TaskSpec) -> str | None:
     return f'{{"target": {json.dumps(s.call.target)}, "args": {s.call.args_json}, "kwargs": {s.call.kwargs_json}}}'
 
 
-
 NEW_TASK_COLS = (
     "task_id", "submission_id", "name", "tenant", "status", "version", "argv", "env", "working_dir", "cpu",
     "memory_mb", "gpu", "execution_cap_ms", "retry_limit", "backoff", "delay_tolerance_ms", "priority",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from typing import Any
 
@@ -98,26 +99,47 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         waiter_holder["w"] = ClaimWaiter(ctx(), worker_id)
         await waiter_holder["w"].run()
 
-    # slots + claim_ahead executors claim; at most worker_slots of them run at once (streams/worker.py)
-    @app.agent(queue, name="executor", concurrency=s.worker_slots + s.claim_ahead)
+    async def handle_queued(event: Any) -> None:
+        while "w" not in waiter_holder:
+            await asyncio.sleep(0.05)
+        try:
+            qt = ctx().codec.decode("queued", event.value)
+        except DecodeError as err:
+            await ctx().dead_letter(_Msg(event), err.reason, "executor")
+            return
+        if "keeper" not in waiter_holder:  # kills this worker's task processes if the worker dies
+            waiter_holder["keeper"] = Keeper()
+            waiter_holder["runners"] = Runners(waiter_holder["keeper"])  # for callable tasks
+            waiter_holder["slots"] = asyncio.Semaphore(s.worker_slots)
+        executor = Executor(
+            ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"],
+            waiter_holder["slots"],
+        )  # fmt: skip
+        await _guarded(ctx(), _Msg(event), "executor", executor.handle(qt))
+
+    async def claimer(work: asyncio.Queue[Any], acks: Any) -> None:
+        while True:
+            event = await work.get()
+            await handle_queued(event)  # a stopping worker's drain happens in here (streams/worker.py)
+            await acks.ack(event)  # handled: its offset may be committed (not if the worker stopped first)
+
+    @app.agent(queue, name="executor")
     async def executor(stream: Any) -> None:
-        async for event in stream.events():
-            while "w" not in waiter_holder:
-                await asyncio.sleep(0.05)
-            try:
-                qt = ctx().codec.decode("queued", event.value)
-            except DecodeError as err:
-                await ctx().dead_letter(_Msg(event), err.reason, "executor")
-                continue
-            if "keeper" not in waiter_holder:  # kills this worker's task processes if the worker dies
-                waiter_holder["keeper"] = Keeper()
-                waiter_holder["runners"] = Runners(waiter_holder["keeper"])  # for callable tasks
-                waiter_holder["slots"] = asyncio.Semaphore(s.worker_slots)
-            executor = Executor(
-                ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"],
-                waiter_holder["slots"],
-            )  # fmt: skip
-            await _guarded(ctx(), _Msg(event), "executor", executor.handle(qt))
+        """Queue records are taken as they come and handed to worker_slots + claim_ahead claimers (at
+        most worker_slots of them run at once), each acknowledged once handled. The stream itself never
+        waits: Faust hands every topic's records over through one conductor, and an executor stream left
+        full stopped the lifecycle's inputs with it, so the claims it waited for were never decided
+        (a 10,000-task backlog, docs/measurements.md)."""
+        acks = stream.noack()
+        work: asyncio.Queue[Any] = asyncio.Queue()
+        claimers = [asyncio.ensure_future(claimer(work, acks)) for _ in range(s.worker_slots + s.claim_ahead)]
+        try:
+            async for event in acks.events():
+                work.put_nowait(event)
+        finally:
+            for c in claimers:
+                c.cancel()
+            await asyncio.gather(*claimers, return_exceptions=True)
 
     sent: dict[bytes, int] = {}
     rebuilt = [0.0]
@@ -151,6 +173,9 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
                     due = min(due, now + RECHECK_AFTER_REBALANCE_MS)
                 entries.append((k, due))
             due_index.rebuild(entries)
+            for k in [k for k, at in sent.items() if now - at > TIMER_RESEND_MS]:
+                del sent[k]  # past its resend window: forgotten
+        fired = []
         for key in due_index.due(now):
             raw_timer = timers.get(key)
             if raw_timer is None:
@@ -167,18 +192,15 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             tid = key.decode()
             sent[key] = now
             due_index.note(key, now + TIMER_RESEND_MS + 1)  # looked at again then, if still there
-            await ctx().send_all(
-                [
-                    (
-                        inputs,
-                        tid,
-                        ctx().input(tid, now, TimerFired(t["purpose"]), f"{tid}:timer:{t['purpose']}:{t['due']}"),
-                    )
-                ]
-            )
+            body = TimerFired(t["purpose"])
+            fired.append((inputs, tid, ctx().input(tid, now, body, f"{tid}:timer:{t['purpose']}:{t['due']}")))
+        if fired:
+            await ctx().send_all(fired)  # all due timers in one write
 
     @app.task
     async def mark_ready() -> None:
+        # SIGUSR1: every asyncio task's stack into the log (what a stuck worker is waiting for)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
         ctx()  # registers schemas before anything flows
         path = ready_file(s, f"worker-{index}")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,6 +208,15 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         log.info("worker %s ready", node)
 
     return app
+
+
+def _dump_tasks() -> None:
+    import io
+
+    for task in asyncio.all_tasks():
+        out = io.StringIO()
+        task.print_stack(limit=12, file=out)
+        log.warning("task %s:\n%s", task.get_name(), out.getvalue())
 
 
 async def _guarded(ctx: Context, msg: Any, agent: str, handling: Any) -> None:

@@ -182,7 +182,9 @@ class Lifecycle:
                     record.dependents.append(dep)
                 if record.state.is_terminal:
                     sends.append(self._ended_signal(record.state, dep, at))
-                elif record.state.version == 0 and not record.not_admitted and self._timer(inp.task_id.encode()) is None:
+                elif (
+                    record.state.version == 0 and not record.not_admitted and self._timer(inp.task_id.encode()) is None
+                ):
                     # A task of another submission not admitted (yet): wait for it, but not forever (a
                     # dependent asking again does not move the deadline).
                     wait = {"due": at + self.ctx.settings.reference_wait_ms, "purpose": "admission_wait"}

@@ -4,7 +4,10 @@ A worker never runs a task on its own authority: it asks the task's owner for th
 on task-inputs) and runs only if the log says it won (TaskClaimed with its claim id). While it holds the
 claim it sends heartbeats, which keep the claim's lease alive; if they stop (the worker died), the
 owner expires the lease and the task runs again elsewhere, and anything this worker reports under that
-claim later is refused. It reports the start, then the exit status and a bounded tail of the output. A
+claim later is refused. A worker claims up to `claim_ahead` tasks beyond its free slots (their
+leases kept alive while they wait for a slot), so a slot that frees starts its next task without a
+claim's round trip. It reports the start (with the end, for a run shorter than START_REPORT_AFTER_S),
+then the exit status and a bounded tail of the output. A
 run over its execution cap is killed (SIGTERM to its process group, SIGKILL after a grace period) and
 reported as such; so is a run whose task is cancelled (the worker sees TaskCancelled on the log). Task
 processes die with their worker (connectors/keeper.py). Told to stop, a worker gives its running tasks
@@ -22,6 +25,7 @@ import signal
 import time
 import uuid
 from asyncio import FIRST_COMPLETED
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +39,9 @@ from taskstream.streams.runner import CallFailed, Runner, Runners
 from taskstream.core import events as e
 
 log = logging.getLogger(__name__)
-CLAIM_TIMEOUT_S = 60.0
-CLAIM_RESEND_S = 10.0  # a claim request with no verdict yet is sent again this often
+CLAIM_RESEND_S = 10.0  # a claim request with no verdict yet is sent again after this, then twice as long ...
+CLAIM_RESEND_MAX_S = 60.0  # ... up to this: a worker never gives up a claim while it lives
+HANDLED_CLAIMS_KEPT = 100_000  # claims a worker remembers, to skip a queue record it has seen again
 # A run's start is reported this long after it started, or with its end if that comes first: a short
 # task's start and finish then go out in one write and are decided in one step (the start keeps its time).
 START_REPORT_AFTER_S = 0.05
@@ -55,6 +60,18 @@ class ClaimWaiter:
         self.pending: dict[str, asyncio.Future[e.Event]] = {}
         self.cancels: dict[str, asyncio.Future[str]] = {}  # task id -> the reason, once it is cancelled
         self.ready = asyncio.Event()
+        self.handled: OrderedDict[str, None] = OrderedDict()  # claim ids this worker has asked for
+
+    def first_time(self, claim_id: str) -> bool:
+        """Whether this worker has not asked for this claim before. A task queued again (requeue_ms)
+        comes back under the same claim id (the same task, attempt and worker): the second queue
+        record is skipped, not claimed again (the owner answers nothing to a repeat of the winner)."""
+        if claim_id in self.handled:
+            return False
+        self.handled[claim_id] = None
+        if len(self.handled) > HANDLED_CLAIMS_KEPT:
+            self.handled.popitem(last=False)
+        return True
 
     def expect(self, claim_id: str) -> asyncio.Future[e.Event]:
         fut: asyncio.Future[e.Event] = asyncio.get_running_loop().create_future()
@@ -162,23 +179,26 @@ class Executor:
 
     async def _claim_and_run(self, qt: r.QueuedTask, cancelled: asyncio.Future[str]) -> None:
         claim_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{qt.task_id}/{qt.attempt}/{self.worker_id}"))
+        if not self.waiter.first_time(claim_id):
+            log.info("task %s attempt %d was queued again; this worker has claimed it already", qt.task_id, qt.attempt)
+            return
         verdict = self.waiter.expect(claim_id)
         now = int(time.time() * 1000)
         outcome = None
-        waited = 0.0
-        while outcome is None and waited < CLAIM_TIMEOUT_S:
-            # sent again while no verdict comes: a request can be lost in a rebalance of the owners
+        wait, waited = CLAIM_RESEND_S, 0.0
+        while outcome is None:
+            # sent again while no verdict comes: a request can be lost in a rebalance of the owners, and
+            # the owner's partition can be without a live owner for a while (noida-db: until restarted)
             request = r.ClaimRequest(qt.attempt, self.worker_id, claim_id)
             await self._report(qt.task_id, now, request, f"{claim_id}:claim")
             try:
-                outcome = await asyncio.wait_for(asyncio.shield(verdict), CLAIM_RESEND_S)
+                outcome = await asyncio.wait_for(asyncio.shield(verdict), wait)
             except TimeoutError:
-                waited += CLAIM_RESEND_S
-        if outcome is None:
-            self.waiter.pending.pop(claim_id, None)
-            verdict.cancel()
-            log.warning("no verdict on claim %s for task %s within %.0fs", claim_id, qt.task_id, CLAIM_TIMEOUT_S)
-            return
+                waited += wait
+                wait = min(wait * 2, CLAIM_RESEND_MAX_S)
+                if waited >= CLAIM_RESEND_MAX_S:
+                    log.warning("no verdict on claim %s for task %s after %.0fs; asking again", claim_id,
+                                qt.task_id, waited)  # fmt: skip
         if isinstance(outcome, e.ClaimRejected):
             log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
             return

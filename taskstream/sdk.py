@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg

@@ -76,9 +76,10 @@ class Settings:
     # A task's process group being stopped (cancelled, over its cap, drained) gets SIGTERM, then SIGKILL
     # this long after.
     kill_grace_ms: int = 5_000
-    # A queued task nobody has claimed after this long is queued again (its queue record or every claim
-    # on it was lost). Longer than a worker's wait for a claim's verdict (60 s).
-    requeue_ms: int = 90_000
+    # A queued task nobody has claimed after this long is queued again (its queue record was lost).
+    # Under a backlog longer than this, a task still waiting in the queue is queued twice; the worker
+    # that claims the first record skips the second (until the batcher keeps the queue short).
+    requeue_ms: int = 600_000
     # A task waiting for prerequisites asks again those that have not said they ended, after
     # recheck_ms, then twice as long each time up to recheck_max_ms (an answer lost in a rebalance).
     recheck_ms: int = 30_000

@@ -337,6 +337,37 @@ def test_many_submissions_sent_at_once_are_each_decided_and_run(stack: Stack) ->
         assert list(got) == [f"{tag}-{i}"] and got[f"{tag}-{i}"]["status"] == "SUCCEEDED"
 
 
+def test_a_task_queued_again_after_it_ran_is_not_run_again_and_holds_up_nothing(stack: Stack) -> None:
+    """A queue record seen twice (a task queued again by the requeue timer, or a duplicate) is skipped
+    by the worker that claimed it: the task runs once, and the worker's executors are free at once
+    for other work (a repeat of the winning claim gets no verdict from the owner)."""
+    from taskstream.connectors.kafka import make_codec, producer
+    from taskstream.schemas.records import QueuedTask
+
+    from taskstream.core.submission import parse_document
+
+    tag = uuid.uuid4().hex[:6]
+    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {},
+                                               "tasks": [task(f"{tag}-once", "print('ran')")]})  # fmt: skip
+    sid, outcome, _ = submission_of(stack, cid)
+    assert outcome == "ACCEPTED"
+    done = wait_until(lambda: all_terminal(stack, sid, 1), 60, "the task to end")
+    tid = str(done[f"{tag}-once"]["task_id"])
+    spec = parse_document({"tenant": "acme", "tasks": [{"name": f"{tag}-once", "argv": ["true"]}]}).tasks[0]
+    codec, prod = make_codec(stack.settings), producer(stack.settings)
+    for _ in range(stack.settings.worker_slots + stack.settings.claim_ahead + 2):  # more than its executors
+        again = codec.encode(QueuedTask(tid, 1, "default", 0, spec))
+        prod.produce(stack.settings.topic("queue"), key=tid.encode(), value=again)
+    assert prod.flush(30) == 0
+    cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {},
+                                               "tasks": [task(f"{tag}-after", "print('ran')")]})  # fmt: skip
+    sid2, _, _ = submission_of(stack, cid)
+    # without the skip each repeat holds an executor until its claim is given up (60 s and more)
+    after = wait_until(lambda: all_terminal(stack, sid2, 1), 30, "a task submitted after the repeats to end")
+    assert after[f"{tag}-after"]["status"] == "SUCCEEDED"
+    assert len(attempts(stack, tid)) == 1  # it ran once
+
+
 def test_a_task_over_its_execution_cap_is_killed(stack: Stack) -> None:
     tasks = [task("sleeper", "import time; print('sleeping', flush=True); time.sleep(120)", execution_cap_ms=1500)]
     cid = produce_command(stack, "SubmitDag", {"tenant": "acme", "idempotency_key": None, "labels": {}, "tasks": tasks})

@@ -118,3 +118,63 @@ def test_a_queued_task_gets_a_requeue_timer_that_its_claim_replaces() -> None:
     assert rec.state.status is Status.QUEUED and timer == {"due": 90_100, "purpose": "requeue"}
     events, timer = lc._decide(rec, [c.ClaimTask(rec.state.attempt, "w1", "claim-1", 200)], 200, 0.0, [])
     assert rec.state.status is Status.CLAIMED and timer == {"due": 12_200, "purpose": "lease"}
+
+
+class _Tables(dict):  # type: ignore[type-arg]
+    """A table that notes every write, and whether the batch's records had been sent by then."""
+
+    def __init__(self, sent: list[Any]) -> None:
+        super().__init__()
+        self.sent, self.writes = sent, []  # type: ignore[var-annotated]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.writes.append((key, bool(self.sent)))
+        super().__setitem__(key, value)
+
+
+def test_a_batch_decides_each_input_on_what_the_one_before_left_and_saves_once_after_sending() -> None:
+    sent: list[Any] = []
+
+    async def send_all(sends: list[Any]) -> None:
+        sent.append(list(sends))
+
+    lc = lifecycle(requeue_ms=90_000)
+    ctx = lc.ctx
+    ctx.events, ctx.queue, ctx.send_all = "events", "queue", send_all  # type: ignore[attr-defined]
+    ctx.event = lambda tid, sid, version, at, ev: (version, ev)  # type: ignore[attr-defined]
+    ctx.codec = SimpleNamespace(decode=lambda _kind, value: value)  # type: ignore[attr-defined]
+    lc.tasks, lc.timers = _Tables(sent), _Tables(sent)
+    spec = TaskSpec("t", "acme", ("true",))
+    lc.tasks[b"t1"] = dumps(TaskRecord(TaskState("t1", Status.QUEUED, 4, spec, "s", attempt=1)))
+    lc.tasks.writes.clear()
+
+    def msg(offset: int, body: Any) -> Any:
+        value = r.InputRecord(f"i{offset}", "t1", 100 + offset, "w", body)
+        return SimpleNamespace(topic="inputs", partition=0, offset=offset, key=b"t1", value=value, headers={})
+
+    failed: list[int] = []
+
+    async def guard(message: Any, handling: Any) -> None:
+        try:
+            await handling
+        except Exception:
+            failed.append(message.offset)
+
+    batch = [
+        msg(1, r.ClaimRequest(1, "w", "c1")),
+        msg(2, r.StartReport("c1", 42)),
+        msg(3, r.FinishReport("c1", 0, "ok", 5, "")),
+    ]
+    import asyncio
+
+    asyncio.run(lc.on_batch(batch, "events", guard))
+    assert failed == []
+    assert len(sent) == 1, "one write for the whole batch"
+    assert [(v, type(ev).__name__) for _, _, (v, ev) in sent[0]] == [
+        (5, "TaskClaimed"),
+        (6, "TaskStarted"),
+        (7, "TaskSucceeded"),
+    ]
+    assert lc.tasks.writes == [(b"t1", True)], "saved once, after the send"
+    assert loads(lc.tasks[b"t1"]).state.status is Status.SUCCEEDED
+    assert b"t1" not in lc.timers  # the lease timer the claim set is cleared by the success in the same batch

@@ -1,6 +1,6 @@
 """Benchmark: how soon a worker takes work, added to a busy one or restarted after a SIGKILL.
 
-- added: one Faust worker busy with a DAG of 40 independent `sleep 2` tasks; a second worker is
+- added: one Faust worker busy with a DAG of 80 independent `sleep 3` tasks; a second worker is
   started. Measured from its start: until it is ready (its process up, the app built), and until the
   first task starts on it (the group rebalanced and gave it partitions with queued tasks).
 - restarted: the only worker is SIGKILLed while the DAG runs and started again at once (as the
@@ -26,7 +26,7 @@ from _stack import embedded_stack, kinds, settings_of, summary, when, write_repo
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 GIVE_UP_S = 120.0
-TASKS = [{"name": f"t{i}", "argv": ["sleep", "2"]} for i in range(40)]
+TASKS = [{"name": f"t{i}", "argv": ["sleep", "3"]} for i in range(80)]  # a minute of work for one worker
 
 
 class Workers:

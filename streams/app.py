@@ -120,7 +120,12 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     async def claimer(work: asyncio.Queue[Any], acks: Any) -> None:
         while True:
             event = await work.get()
-            await handle_queued(event)  # a stopping worker's drain happens in here (streams/worker.py)
+            if event.message.tp not in app.consumer.assignment():
+                continue  # its partition went to another worker in a rebalance, which reads it again
+            try:
+                await handle_queued(event)  # a stopping worker's drain happens in here (streams/worker.py)
+            except Exception:  # not even dead-lettered (the broker refused that too): requeue_ms covers it
+                log.exception("executor could not handle queue record %s", event.message.offset)
             await acks.ack(event)  # handled: its offset may be committed (not if the worker stopped first)
 
     @app.agent(queue, name="executor")
@@ -129,7 +134,9 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         most worker_slots of them run at once), each acknowledged once handled. The stream itself never
         waits: Faust hands every topic's records over through one conductor, and an executor stream left
         full stopped the lifecycle's inputs with it, so the claims it waited for were never decided
-        (a 10,000-task backlog, docs/measurements.md)."""
+        (a 10,000-task backlog, docs/measurements.md). Records of a partition this worker no longer has
+        are dropped unhandled: the new owner reads them from the last commit (an added worker takes its
+        share at once instead of after this one's backlog)."""
         acks = stream.noack()
         work: asyncio.Queue[Any] = asyncio.Queue()
         claimers = [asyncio.ensure_future(claimer(work, acks)) for _ in range(s.worker_slots + s.claim_ahead)]

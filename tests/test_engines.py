@@ -175,3 +175,20 @@ def test_the_first_up_shows_jar_resolution_and_later_ones_need_no_maven(tmp_path
     assert later.returncode == 1 and "(Neo4j Bolt) is taken" in later.stderr, later.stderr
     assert not called.exists(), "Maven was run although every jar was cached"
     assert "resolving" not in later.stdout
+
+
+def test_a_new_cluster_id_is_kafka_s_format_and_never_reads_as_an_option() -> None:
+    """The storage tool takes `-t -abc...` for a missing value: one random id in 64 starts with '-'."""
+    ids = [embedded_kafka.new_cluster_id() for _ in range(5000)]
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+    assert len(set(ids)) == len(ids)
+    assert any("-" in i for i in ids)  # '-' stays a valid character elsewhere in the id
+
+
+def test_a_stored_cluster_id_is_kept_unless_it_starts_with_a_dash(tmp_path: Path) -> None:
+    s = Settings(state_dir=tmp_path)
+    first = embedded_kafka.cluster_id(s)
+    assert embedded_kafka.cluster_id(s) == first
+    (embedded_kafka.home(s) / "cluster-id").write_text("-bad0123456789abcdefgh\n")
+    again = embedded_kafka.cluster_id(s)
+    assert not again.startswith("-") and embedded_kafka.cluster_id(s) == again

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # The two engine pairs a stack runs on: the design's (Apache Kafka, Neo4j) and the pip-only fallback.
 KINDS = {
@@ -109,3 +109,18 @@ def write_report(path: Path, report: dict[str, object]) -> None:
     print(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n")
+
+
+def start_worker(env: dict[str, str], index: int) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """A Faust worker of a stack started with workers=0 (`taskstream serve worker`), its output in
+    bench-worker-<index>.log under the state directory (appended; the caller closes the file)."""
+    state = Path(env["TASKSTREAM_STATE_DIR"])
+    log = open(state / f"bench-worker-{index}.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "taskstream", "serve", "worker", "--index", str(index)],
+        env=env,
+        cwd=state,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return proc, log

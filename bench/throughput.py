@@ -10,7 +10,8 @@ the JVMs), over the same interval.
                                [--workload dag|single|both] [--profile SECONDS]
 
 --profile records the worker with py-spy (if installed) for that many seconds into
-bench/results/throughput-worker-<pair>.svg. Writes bench/results/throughput-<pair>.json.
+bench/results/throughput-worker-<pair>.svg (not kept in git: profiles are per machine). Writes
+bench/results/throughput-<pair>.json.
 """
 
 from __future__ import annotations

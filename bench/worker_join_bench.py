@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _stack import embedded_stack, kinds, settings_of, summary, when, write_report
+from _stack import embedded_stack, kinds, settings_of, start_worker, summary, when, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -31,21 +31,15 @@ TASKS = [{"name": f"t{i}", "argv": ["sleep", "3"]} for i in range(80)]  # a minu
 
 class Workers:
     def __init__(self, env: dict[str, str], s: Any) -> None:
-        self.env, self.s, self.procs = env, s, {}  # type: ignore[var-annotated]
+        self.env, self.s = env, s
+        self.procs: list[tuple[subprocess.Popen[bytes], Any]] = []
 
     def start(self, index: int) -> subprocess.Popen[bytes]:
         from taskstream.connectors.services import ready_file
 
         ready_file(self.s, f"worker-{index}").unlink(missing_ok=True)
-        log = open(Path(self.env["TASKSTREAM_STATE_DIR"]) / f"bench-worker-{index}.log", "ab")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "taskstream", "serve", "worker", "--index", str(index)],
-            env=self.env,
-            cwd=self.s.state_dir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        self.procs[proc.pid] = proc
+        proc, log = start_worker(self.env, index)
+        self.procs.append((proc, log))
         return proc
 
     def ready(self, index: int) -> bool:
@@ -54,14 +48,15 @@ class Workers:
         return ready_file(self.s, f"worker-{index}").exists()
 
     def stop(self) -> None:
-        for p in self.procs.values():
+        for p, _ in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
+        for p, log in self.procs:
             try:
                 p.wait(40)
             except subprocess.TimeoutExpired:
                 p.kill()
+            log.close()
 
 
 def started_on(conn: Any, sid: str, pid: int) -> bool:

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _stack import embedded_stack, kinds, settings_of, summary, when, write_report
+from _stack import embedded_stack, kinds, settings_of, start_worker, summary, when, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -62,18 +62,7 @@ def once(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     with embedded_stack(kind, **extra) as env:
         s = settings_of(env)
-        logs, procs = [], []
-        for i in (0, 1):
-            logs.append(open(Path(env["TASKSTREAM_STATE_DIR"]) / f"bench-worker-{i}.log", "wb"))  # noqa: SIM115
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "taskstream", "serve", "worker", "--index", str(i)],
-                    env=env,
-                    cwd=s.state_dir,
-                    stdout=logs[-1],
-                    stderr=subprocess.STDOUT,
-                )
-            )
+        procs, logs = (list(x) for x in zip(*(start_worker(env, i) for i in (0, 1)), strict=True))
         deadline = time.monotonic() + 90
         while not all(ready_file(s, f"worker-{i}").exists() for i in (0, 1)) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -17,7 +17,7 @@ import csv
 import re
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -352,6 +352,7 @@ class LadybugStore:
 _LABELS = re.compile(r":(Task|DEPENDS_ON|ProjectionCheckpoint|ProjectionLock)\b")
 NEO4J_BATCH = 20_000  # rows per transaction when Neo4j loads, clears or moves a whole graph
 LIVE, REPLAY, RETIRED = "", "Replay", "Retired"  # the namespaces replay uses
+SWAP_STEPS = ("clear", "retire", "promote")  # Neo4jStore.swap_in, in order
 
 
 class Neo4jStore:
@@ -504,12 +505,28 @@ class Neo4jStore:
                 f"MATCH (n:{s_label}) WITH n LIMIT $n SET n:{d_label} REMOVE n:{s_label} RETURN count(*)", LIVE
             )
 
-    def swap_in(self, source: str = REPLAY, retired: str = RETIRED) -> None:
+    def swap_in(
+        self,
+        source: str = REPLAY,
+        retired: str = RETIRED,
+        start: str = SWAP_STEPS[0],
+        reached: Callable[[str], None] = lambda _step: None,
+    ) -> None:
         """Make `source`'s graph the live one; the live one moves to `retired` (replacing what was there).
-        Run it while nothing writes the live graph (the graph process does, before it starts projecting)."""
-        self.clear(retired)
-        self._move(LIVE, retired)
-        self._move(source, LIVE)
+        Run it while nothing writes the live graph (the graph process does, before it starts projecting).
+
+        Three steps (SWAP_STEPS): clear the old retired graph, move the live one there, move `source`'s
+        in. Each works batch by batch on what is left, so a swap cut short (the process killed, a server
+        error) is finished by running it again from the step it was in: `reached` is told each step as
+        it begins, and `start` names the one to resume."""
+        steps = {
+            "clear": lambda: self.clear(retired),
+            "retire": lambda: self._move(LIVE, retired),
+            "promote": lambda: self._move(source, LIVE),
+        }
+        for step in SWAP_STEPS[SWAP_STEPS.index(start) :]:
+            reached(step)
+            steps[step]()
 
     def close(self) -> None:
         self.driver.close()

@@ -14,7 +14,8 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from taskstream.projections.graph import (
     REPLAY,
     SNAPSHOT_EDGES,
     SNAPSHOT_NODES,
+    SWAP_STEPS,
     BulkGraphProjection,
     GraphStore,
     LadybugStore,
@@ -53,6 +55,8 @@ PG_TABLES = {
     "dead_letters": 'topic, partition, "offset"',
 }
 PG_PROJECTIONS = (("pg", "events", True), ("pg-dead-letters", "dead-letters", False))
+REPLAY_LOCK = 0x7473_7270  # the advisory lock key replays take (exclusive)
+SWAP_WAIT_S = 120.0  # how long a replay waits for the graph service to apply a pending swap
 
 
 class ReplayError(RuntimeError):
@@ -246,10 +250,58 @@ def apply_graph_swap(settings: Settings, live: Path) -> Path | None:
 
 def apply_neo4j_swap(settings: Settings, store: Neo4jStore) -> bool:
     """Called by the graph process before it starts projecting into Neo4j: if a swap was requested, the
-    replayed namespace becomes the live one and the live one moves to `Retired`. True if it swapped."""
+    replayed namespace becomes the live one and the live one moves to `Retired`. True if it swapped.
+    The request file keeps the step the swap is in, so a graph process that dies halfway through is
+    restarted into the same swap, finishing it (Neo4jStore.swap_in)."""
     req = swap_request_path(settings)
     if not req.exists():
         return False
-    store.swap_in()
+    step = req.read_text().strip()
+    store.swap_in(start=step if step in SWAP_STEPS else SWAP_STEPS[0], reached=lambda s: req.write_text(f"{s}\n"))
     req.unlink()
     return True
+
+
+def swap_pending(settings: Settings) -> float | None:
+    """When the graph swap still waiting for the graph service was requested (epoch seconds), or None."""
+    try:
+        return swap_request_path(settings).stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def wait_for_graph_swap(settings: Settings, notice: Callable[[str], None], timeout: float = SWAP_WAIT_S) -> None:
+    """Return once no graph swap is pending; ReplayError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    told = False
+    while (since := swap_pending(settings)) is not None:
+        if time.monotonic() >= deadline:
+            when = time.strftime("%H:%M:%S", time.localtime(since))
+            raise ReplayError(
+                f"a graph swap requested at {when} is still pending after {timeout:.0f}s: the graph service "
+                f"applies it when it starts (`taskstream up` restarts it; if you run the graph process "
+                f"yourself, restart it). Its request: {swap_request_path(settings)}"
+            )
+        if not told:
+            notice("waiting for the graph service to apply the pending swap")
+            told = True
+        time.sleep(0.5)
+
+
+@contextmanager
+def exclusive(settings: Settings, notice: Callable[[str], None]) -> Iterator[None]:
+    """One replay at a time, and none while a graph swap is pending. Replays share the replay schema,
+    namespace and file, and a swap the graph service has not applied yet is moving those very nodes (or
+    that file): a replay beside it rebuilt what the swap was relabelling, and the live graph it left
+    was wrong. The lock is a PostgreSQL advisory lock, so it holds across machines sharing the stack;
+    it goes with the session if the replaying process dies."""
+    with psycopg.connect(settings.dsn, autocommit=True) as conn:
+        (got,) = conn.execute("SELECT pg_try_advisory_lock(%s)", (REPLAY_LOCK,)).fetchone() or (False,)
+        if not got:
+            notice("another replay is running: waiting for it to finish")
+            conn.execute("SELECT pg_advisory_lock(%s)", (REPLAY_LOCK,))
+        try:
+            wait_for_graph_swap(settings, notice)
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (REPLAY_LOCK,))

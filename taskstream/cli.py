@@ -703,13 +703,41 @@ def replay(
     swap: Annotated[bool, typer.Option("--swap", help="then make the rebuilt projections the live ones")] = False,
 ) -> None:
     """Rebuild both projections from offset 0 into fresh stores beside the live ones and compare them by
-    checksum at the same log positions; optionally swap them in."""
+    checksum at the same log positions; optionally swap them in.
+
+    One replay runs at a time (a second waits), and none while a graph swap is still pending."""
+    import psycopg
+
+    from taskstream.projections import replay as rp
+
+    s = settings()
+
+    def notice(text: str) -> None:
+        err.print(f"[yellow]{escape(text)}[/]")
+
+    try:
+        with rp.exclusive(s, notice):
+            problems, graph_swap = _replay(s, swap)
+        if graph_swap:  # applied by the graph service as it starts again; only then is it live
+            rp.wait_for_graph_swap(s, notice)
+            where = "the Retired labels" if s.graph_backend == "neo4j" else "a retired-*.lbug file"
+            console.print(f"graph: the replayed graph is live; the previous one is kept in {where}")
+    except rp.ReplayError as exc:
+        fail(str(exc))
+    except psycopg.OperationalError as exc:
+        fail(f"cannot reach PostgreSQL for the replay lock (is the stack up?): {exc}")
+    if problems and verify:
+        raise typer.Exit(1)
+
+
+def _replay(s: Settings, swap: bool) -> tuple[list[str], bool]:
+    """Replay, compare, print; with `swap`, swap PostgreSQL in and ask the graph service to swap the
+    graph. Returns the differences found and whether a graph swap waits for the graph service."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from taskstream import supervisor as sup
     from taskstream.projections import replay as rp
 
-    s = settings()
     try:
         live_pg = rp.live_pg_snapshot(s.dsn)
     except Exception as exc:
@@ -755,23 +783,27 @@ def replay(
     console.print(t)
     for p in problems:
         err.print(lit(p))
-    if swap:
-        st = sup.read_status(s) or {}
-        services = st.get("services", {})
-        retired = rp.swap_pg(s)
-        _restart(services.get("pg-projector"))
-        console.print(f"PostgreSQL: the replayed tables are live; the previous ones are kept in schema {retired}")
-        if new_graph is not None:
-            rp.request_graph_swap(s)
-            _restart(services.get("graph"))
-            where = "the Retired labels" if s.graph_backend == "neo4j" else "a retired-*.lbug file"
-            console.print(
-                f"graph: the replayed graph is swapped in as the graph service restarts (the old one: {where})"
-            )
-        if not services:
-            err.print("[yellow]no supervisor found: restart the projector and graph processes yourself[/]")
-    if problems and verify:
-        raise typer.Exit(1)
+    if not swap:
+        return problems, False
+    st = sup.read_status(s) or {}
+    services = st.get("services", {})
+    retired = rp.swap_pg(s)
+    _restart(services.get("pg-projector"))
+    console.print(f"PostgreSQL: the replayed tables are live; the previous ones are kept in schema {retired}")
+    if not services:
+        err.print("[yellow]no supervisor found: restart the projector process yourself[/]")
+    if new_graph is None:
+        return problems, False
+    rp.request_graph_swap(s)
+    graph = services.get("graph")
+    if graph and graph.get("pid") and sup.pid_alive(graph["pid"]):
+        _restart(graph)
+        return problems, True
+    err.print(
+        "[yellow]no supervised graph service found: the replayed graph is swapped in when you start the "
+        "graph process (`taskstream serve graph`)[/]"
+    )
+    return problems, False
 
 
 def _restart(service: dict[str, Any] | None) -> None:

@@ -71,7 +71,12 @@ class Workers:
             stderr=subprocess.STDOUT,
         )
         self.procs[index] = proc
-        wait_until(ready.exists, 90, f"worker-{index} ready")
+        try:
+            wait_until(ready.exists, 90, f"worker-{index} ready")
+        except AssertionError:  # what the worker was doing, and the stack's own logs
+            print(f"--- worker-{index}.log\n" + "\n".join(self.log(index).splitlines()[-80:]))
+            print(self.stack.logs())
+            raise
         return proc
 
     def log(self, index: int) -> str:

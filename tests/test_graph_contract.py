@@ -303,3 +303,60 @@ def test_neo4j_swap_makes_the_replayed_namespace_live_and_keeps_the_old_one(requ
     finally:
         live.close()
         replay.close()
+
+
+class _CutAfter:
+    """A Neo4j driver that fails its nth query (a graph process killed, or the server gone, mid-swap)."""
+
+    def __init__(self, driver: Any, n: int) -> None:
+        self.driver, self.left = driver, n
+
+    def execute_query(self, *args: Any, **kw: Any) -> Any:
+        self.left -= 1
+        if self.left < 0:
+            raise RuntimeError("cut short")
+        return self.driver.execute_query(*args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.driver, name)
+
+
+@pytest.mark.parametrize("cut_after", [1, 4, 8, 12, 18, 22])
+def test_a_neo4j_swap_cut_short_is_finished_by_running_it_again_from_its_step(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, cut_after: int
+) -> None:
+    """One row per batch, so every step takes several queries; the swap is cut after `cut_after` of
+    them (in the clear, retire or promote step) and run again from the step it was in, as the graph
+    process does with the step kept in the swap request. The result is the uncut swap's."""
+    from taskstream.projections import graph
+    from taskstream.projections.graph import LIVE, REPLAY, RETIRED
+
+    monkeypatch.setattr(graph, "NEO4J_BATCH", 1)
+    uri, user, password = request.getfixturevalue("neo4j")
+    live, replay = Neo4jStore(uri, user, password, namespace=LIVE), Neo4jStore(uri, user, password, namespace=REPLAY)
+    retired = Neo4jStore(uri, user, password, namespace=RETIRED)
+    try:
+        for ns in (LIVE, REPLAY, RETIRED):
+            live.clear(ns)
+        project(retired, {"x": []})  # an older retired graph, which the swap replaces
+        project(live, {"a": [], "b": ["a"], "c": ["a", "b"]})
+        old = live.snapshot()
+        nodes = [{"id": f"r{i}", "name": f"r{i}", "tenant": "t", "submission_id": "s", "status": "READY", "version": 1}
+                 for i in range(3)]  # fmt: skip
+        replay.bulk_load(nodes, [("r1", "r0"), ("r2", "r1")], [{"id": "graph:events/0", "next_offset": 7}])
+        rebuilt = replay.snapshot()
+
+        steps: list[str] = []
+        real = live.driver
+        live.driver = _CutAfter(real, cut_after)
+        with pytest.raises(RuntimeError, match="cut short"):
+            live.swap_in(reached=steps.append)
+        live.driver = real
+        live.swap_in(start=steps[-1], reached=steps.append)
+        assert live.snapshot() == rebuilt
+        assert retired.snapshot() == old
+        assert replay.snapshot() == {"nodes": [], "edges": [], "checkpoints": {}}
+    finally:
+        live.close()
+        replay.close()
+        retired.close()

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
 from typing import Any
 
 import psycopg
 import pytest
 
+from taskstream.settings import Settings
 from tests.conftest import ROOT, Stack, wait_until
 
 
@@ -23,11 +28,22 @@ pytestmark = [pytest.mark.stack, pytest.mark.fallback]
 def test_replay_verifies_detects_tampering_and_swaps_in_the_rebuilt_projections(stack: Stack) -> None:
     stack.cli("submit", str(ROOT / "examples" / "etl-dag.yaml"), "--follow", "--timeout", "120")
 
+    last: list[str] = []
+
     def verified() -> bool:
         out = stack.cli("replay", "--verify", check=False)
+        last[:] = [f"exit {out.returncode}\n{out.stdout}\n{out.stderr}"]
         return out.returncode == 0 and out.stdout.count("identical") == 2
 
-    wait_until(verified, 60, "a replay identical to the live projections", every=1.0)
+    def wait_verified(timeout: float, what: str) -> None:
+        try:
+            wait_until(verified, timeout, what, every=1.0)
+        except AssertionError:  # the last verification's report, and what the services logged
+            print(f"--- last replay --verify: {last[0] if last else '(none)'}")
+            print(stack.logs())
+            raise
+
+    wait_verified(60, "a replay identical to the live projections")
 
     with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
         (tid,) = conn.execute(
@@ -50,7 +66,7 @@ def test_replay_verifies_detects_tampering_and_swaps_in_the_rebuilt_projections(
 
     out = stack.cli("replay", "--swap")
     assert "the replayed tables are live" in out.stdout
-    wait_until(verified, 90, "the swapped-in projections to verify", every=1.0)
+    wait_verified(90, "the swapped-in projections to verify")
     with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
         (reason,) = conn.execute("SELECT reason FROM tasks WHERE task_id = %s", (tid,)).fetchone()
     assert reason != "tampered"
@@ -62,3 +78,43 @@ def test_replay_verifies_detects_tampering_and_swaps_in_the_rebuilt_projections(
     # and the stack keeps projecting into the swapped-in stores
     after = stack.cli("submit", str(ROOT / "examples" / "hello.yaml"), "--follow", "--timeout", "90")
     assert "SUCCEEDED" in after.stdout
+
+
+def test_a_replay_waits_for_the_one_running_and_for_a_pending_graph_swap(stack: Stack, tmp_path: Any) -> None:
+    """Replays share the replay schema, namespace and file: a second one waits for the first (here the
+    test holds the lock replays take), and none starts while a graph swap waits for the graph service."""
+    from taskstream.projections import replay as rp
+
+    s = stack.settings
+    with psycopg.connect(s.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (rp.REPLAY_LOCK,))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "taskstream", "replay", "--verify"],
+            env={**stack.env, "COLUMNS": "200"},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(4)
+            assert proc.poll() is None, proc.communicate()  # still waiting for the lock
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (rp.REPLAY_LOCK,))
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "another replay is running: waiting for it to finish" in " ".join(err.split())
+    assert out.count("identical") == 2
+
+    # a pending swap: a replay waits for it, and names it if it never comes
+    pending = rp.swap_request_path(Settings(state_dir=tmp_path))
+    pending.parent.mkdir(parents=True)
+    pending.write_text("replay\n")
+    told: list[str] = []
+    with pytest.raises(rp.ReplayError, match=r"a graph swap requested at .* is still pending after 1s"):
+        rp.wait_for_graph_swap(Settings(state_dir=tmp_path), told.append, timeout=1)
+    assert told == ["waiting for the graph service to apply the pending swap"]
+    threading.Timer(1.0, pending.unlink).start()  # the graph service applies it
+    started = time.monotonic()
+    rp.wait_for_graph_swap(Settings(state_dir=tmp_path), told.append, timeout=30)
+    assert 0.9 <= time.monotonic() - started < 30 and not pending.exists()

@@ -22,7 +22,7 @@ KINDS = {
     "kafka": {"TASKSTREAM_BROKER": "kafka", "TASKSTREAM_GRAPH_BACKEND": "neo4j"},
     "fallback": {"TASKSTREAM_BROKER": "noida", "TASKSTREAM_GRAPH_BACKEND": "ladybug"},
 }
-PORTS = ("KAFKA", "KAFKA_CONTROLLER", "REGISTRY", "POSTGRES", "GRAPH", "WORKER", "NEO4J")
+PORTS = ("KAFKA", "KAFKA_CONTROLLER", "REGISTRY", "POSTGRES", "GRAPH", "NEO4J")
 
 
 def free_port() -> int:

@@ -293,7 +293,6 @@ def embedded_specs(settings: Settings) -> list[ServiceSpec]:
                 name,
                 python_service(s, "worker", "--index", str(i)),
                 ready=partial(_ready_file_exists, s, name),
-                ports=[(f"Faust web ({name})", s.worker_port + i)],
                 ready_timeout=120.0,
                 stop_timeout=30.0,
             )

@@ -59,7 +59,6 @@ class Settings:
     # its next task at once instead of after a claim's round trip (Celery's prefetch). A task claimed
     # ahead is CLAIMED, its lease kept alive, until a slot takes it; a stopping worker hands it back.
     claim_ahead: int = 4
-    worker_port: int = 16066  # Faust's web port for the first worker (loopback), next ones +1
     node_id: str = ""
     lane: str = "default"
     output_tail_bytes: int = 4096

@@ -72,7 +72,8 @@ class Workers:
         )
         self.procs[index] = proc
         try:
-            wait_until(ready.exists, 90, f"worker-{index} ready")
+            wait_until(lambda: ready.exists() or proc.poll() is not None, 90, f"worker-{index} ready")
+            assert proc.poll() is None, f"worker-{index} exited {proc.returncode} before it was ready"
         except AssertionError:  # what the worker was doing, and the stack's own logs
             print(f"--- worker-{index}.log\n" + "\n".join(self.log(index).splitlines()[-80:]))
             print(self.stack.logs())

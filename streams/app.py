@@ -26,7 +26,7 @@ from taskstream.streams.context import Context
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.runner import Runners
 from taskstream.streams.timers import TimerIndex
-from taskstream.streams.worker import ClaimWaiter, Executor
+from taskstream.streams.worker import ClaimWaiter, Executor, InOrderAcks
 
 from taskstream.settings import Settings
 
@@ -115,16 +115,24 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         )  # fmt: skip
         await _guarded(ctx(), _Msg(event), "executor", executor.handle(qt))
 
+    in_order = InOrderAcks()
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def _revoked(_sender: Any, *_: Any, **__: Any) -> None:
+        in_order.rebalanced()  # what was taken is delivered again from the commits (InOrderAcks)
+
     async def claimer(work: asyncio.Queue[Any], acks: Any) -> None:
         while True:
-            event = await work.get()
-            if event.message.tp not in app.consumer.assignment():
+            event, generation = await work.get()
+            tp, offset = event.message.tp, event.message.offset
+            if tp not in app.consumer.assignment():
                 continue  # its partition went to another worker in a rebalance, which reads it again
             try:
                 await handle_queued(event)  # a stopping worker's drain happens in here (streams/worker.py)
             except Exception:  # not even dead-lettered (the broker refused that too): requeue_ms covers it
-                log.exception("executor could not handle queue record %s", event.message.offset)
-            await acks.ack(event)  # handled: its offset may be committed (not if the worker stopped first)
+                log.exception("executor could not handle queue record %s", offset)
+            for done in in_order.handled(tp, offset, generation):
+                await acks.ack(done)  # its offset may be committed (not if the worker stopped first)
 
     @app.agent(queue, name="executor")
     async def executor(stream: Any) -> None:
@@ -134,13 +142,13 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         full stopped the lifecycle's inputs with it, so the claims it waited for were never decided
         (a 10,000-task backlog, docs/measurements.md). Records of a partition this worker no longer has
         are dropped unhandled: the new owner reads them from the last commit (an added worker takes its
-        share at once instead of after this one's backlog)."""
+        share at once instead of after this one's backlog). Acks go in offset order (InOrderAcks)."""
         acks = stream.noack()
         work: asyncio.Queue[Any] = asyncio.Queue()
         claimers = [asyncio.ensure_future(claimer(work, acks)) for _ in range(s.worker_slots + s.claim_ahead)]
         try:
             async for event in acks.events():
-                work.put_nowait(event)
+                work.put_nowait((event, in_order.taken(event.message.tp, event.message.offset, event)))
         finally:
             for c in claimers:
                 c.cancel()

@@ -50,6 +50,46 @@ WATCHED = (*VERDICTS, b"TaskCancelled")
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
 
 
+class InOrderAcks:
+    """Acknowledges a partition's queue records in offset order, whatever order they are handled in.
+
+    A worker handles many queue records at once (worker_slots + claim_ahead), and they finish in any
+    order. Faust commits the end of the first run of consecutive acked offsets: a record still being
+    handled just before that run is passed over when it is one offset ahead of the last commit, or
+    whatever its distance after a rebalance (Faust forgets its committed offsets then). A worker that
+    died after such a commit would leave that record to requeue_ms. Here a record's ack is held back
+    until every record of its partition taken before it is handled too.
+
+    `taken` as records arrive (in offset order per partition), `handled` when one is done: it returns the
+    events that may be acked now. A rebalance starts a new generation (`rebalanced`): Faust delivers
+    the kept partitions again from their commits, and what was taken before is never acked."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.pending: dict[Any, OrderedDict[int, list[Any]]] = {}  # tp -> offset -> [event, handled]
+
+    def taken(self, tp: Any, offset: int, event: Any) -> int:
+        waiting = self.pending.setdefault(tp, OrderedDict())
+        if waiting and offset <= next(reversed(waiting)):
+            waiting.clear()  # the partition was sought back: what follows is delivered again, in order
+        waiting[offset] = [event, False]
+        return self.generation
+
+    def handled(self, tp: Any, offset: int, generation: int) -> list[Any]:
+        waiting = self.pending.get(tp)
+        if generation != self.generation or waiting is None or offset not in waiting:
+            return []  # taken before a rebalance: delivered again since, and acked as that
+        waiting[offset][1] = True
+        ready = []
+        while waiting and next(iter(waiting.values()))[1]:
+            ready.append(waiting.popitem(last=False)[1][0])
+        return ready
+
+    def rebalanced(self) -> None:
+        self.generation += 1
+        self.pending.clear()
+
+
 class ClaimWaiter:
     """Follows the events topic from the moment the worker starts: resolves pending claims, and tells the
     runs of cancelled tasks that they are."""

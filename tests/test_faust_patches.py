@@ -1,4 +1,5 @@
-"""taskstream's changes to Faust (connectors/faust_patches.py), on Faust's own Consumer.ack."""
+"""taskstream's changes to Faust (connectors/faust_patches.py) and the executor's in-order acks
+(streams/worker.py), on Faust's own Consumer.ack and commit logic."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 from faust.transport.consumer import Consumer
 from faust.types import TP
 from taskstream.connectors.faust_patches import ack_processed_only
+from taskstream.streams.worker import InOrderAcks
 
 
 def fake_consumer(generation: int) -> SimpleNamespace:
@@ -53,3 +55,58 @@ def test_a_message_the_stream_skipped_is_not_acked_so_its_offset_is_not_committe
     # fetched again after the rebalance's seek and processed this time, it is acked
     assert Consumer.ack(c, message(4, generation=3)) is True  # type: ignore[arg-type]
     assert sorted(c._acked[tp]) == [4, 5]
+
+
+def test_queue_records_are_acked_in_offset_order_whatever_order_they_finish_in() -> None:
+    acks = InOrderAcks()
+    g = [acks.taken("p0", off, f"e{off}") for off in (10, 11, 12, 13)]
+    acks.taken("p1", 5, "x5")
+    assert acks.handled("p0", 12, g[2]) == []  # 10 and 11 are still being handled
+    assert acks.handled("p0", 11, g[1]) == []
+    assert acks.handled("p1", 5, 0) == ["x5"]  # partitions are independent
+    assert acks.handled("p0", 10, g[0]) == ["e10", "e11", "e12"]
+    assert acks.handled("p0", 13, g[3]) == ["e13"]
+    assert acks.handled("p0", 13, g[3]) == []  # each once
+
+    # a rebalance: what was taken before is delivered again and acked as that, never as the old copy
+    old = acks.taken("p0", 14, "old14")
+    acks.rebalanced()
+    new = acks.taken("p0", 14, "new14")
+    assert acks.handled("p0", 14, old) == []
+    assert acks.handled("p0", 14, new) == ["new14"]
+
+    # a seek back within a generation: the records delivered again are acked in their new order
+    acks.taken("p0", 20, "a20")
+    acks.taken("p0", 18, "b18")
+    acks.taken("p0", 19, "b19")
+    assert acks.handled("p0", 19, new) == []
+    assert acks.handled("p0", 18, new) == ["b18", "b19"]
+
+
+def test_faust_commits_past_a_record_still_being_handled_unless_acks_come_in_order() -> None:
+    """Faust's own commit logic (Consumer._new_offset): with the last commit at 10, and 11 handled before
+    10, acking 11 alone commits 12, past 10. Through InOrderAcks nothing is acked until 10 is done."""
+    tp = TP("taskstream.queue", 0)
+
+    def consumer() -> SimpleNamespace:
+        c = fake_consumer(generation=1)
+        c._committed_offset[tp] = 10
+        c._gap = defaultdict(list)  # no gaps (Faust keeps an IntervalTree; empty, it is falsy too)
+        return c
+
+    def queued(offset: int) -> Msg:
+        return Msg(tracked=True, acked=False, tp=tp, offset=offset, topic=tp.topic, generation_id=1)
+
+    plain = consumer()
+    Consumer.ack(plain, queued(11))  # type: ignore[arg-type]
+    assert Consumer._new_offset(plain, tp) == 12  # type: ignore[arg-type]  # 10 was passed over
+
+    c, acks = consumer(), InOrderAcks()
+    msgs = {off: queued(off) for off in (10, 11)}
+    gen = [acks.taken(tp, off, m) for off, m in msgs.items()]
+    for m in acks.handled(tp, 11, gen[1]):
+        Consumer.ack(c, m)  # type: ignore[arg-type]
+    assert Consumer._new_offset(c, tp) is None  # type: ignore[arg-type]
+    for m in acks.handled(tp, 10, gen[0]):
+        Consumer.ack(c, m)  # type: ignore[arg-type]
+    assert Consumer._new_offset(c, tp) == 12  # type: ignore[arg-type]

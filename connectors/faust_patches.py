@@ -8,6 +8,7 @@ from typing import Any
 
 _MARK = "_taskstream_read_committed"
 _ACK_MARK = "_taskstream_processed_only"
+_SEEK_MARK = "_taskstream_seek_uncommitted"
 
 
 def read_committed_only() -> None:
@@ -55,6 +56,40 @@ def ack_processed_only() -> None:
 
     setattr(ack, _ACK_MARK, True)
     Consumer.ack = ack  # type: ignore[method-assign]
+
+
+def seek_uncommitted_to_beginning(topics: set[str]) -> None:
+    """After a rebalance, read the never-committed partitions of `topics` from their beginning again.
+
+    During a rebalance Faust skips what its consumer fetches until table recovery is done, then seeks
+    every partition back to its committed offset to fetch the skipped records again (faust
+    tables/recovery.py, `perform_seek`). aiokafka's `seek_to_committed` leaves a partition with no
+    committed offset (or 0) where it is: past the records fetched and skipped during recovery, which
+    this consumer then never reads. Measured: a worker added beside a busy one was given queue
+    partitions nobody had committed yet and handled nothing from them, in 4 of 20 runs
+    (bench/worker_join_bench.py; its executor got no record, its claimers idle). Here such partitions
+    of the worker's own topics (`auto_offset_reset` is earliest) go back to their beginning. Faust's
+    changelog partitions are left alone: its recovery positions those itself."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    original = AIOKafkaConsumerThread.seek_to_committed
+    if getattr(original, _SEEK_MARK, False):
+        return
+
+    async def seek_to_committed(self: Any) -> Any:
+        consumer = self._ensure_consumer()
+
+        async def seek() -> Any:
+            committed = await consumer.seek_to_committed()
+            never = [tp for tp, offset in committed.items() if tp.topic in topics and not offset]
+            if never:
+                await consumer.seek_to_beginning(*never)
+            return committed
+
+        return await self.call_thread(seek)
+
+    setattr(seek_to_committed, _SEEK_MARK, True)
+    AIOKafkaConsumerThread.seek_to_committed = seek_to_committed  # type: ignore[method-assign]
 
 
 def as_current_event(event: Any) -> Any:

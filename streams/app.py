@@ -16,7 +16,12 @@ from typing import Any
 
 import faust
 from taskstream.connectors import broker
-from taskstream.connectors.faust_patches import ack_processed_only, as_current_event, read_committed_only
+from taskstream.connectors.faust_patches import (
+    ack_processed_only,
+    as_current_event,
+    read_committed_only,
+    seek_uncommitted_to_beginning,
+)
 from taskstream.connectors.kafka import faust_app_id, make_codec
 from taskstream.connectors.keeper import Keeper
 from taskstream.connectors.services import ready_file
@@ -148,7 +153,10 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         claimers = [asyncio.ensure_future(claimer(work, acks)) for _ in range(s.worker_slots + s.claim_ahead)]
         try:
             async for event in acks.events():
-                work.put_nowait((event, in_order.taken(event.message.tp, event.message.offset, event)))
+                tp = event.message.tp
+                if tp not in in_order.pending:  # the first record of a partition since the last rebalance
+                    log.info("executor: queue %s[%s] from offset %s", tp.topic, tp.partition, event.message.offset)
+                work.put_nowait((event, in_order.taken(tp, event.message.offset, event)))
         finally:
             for c in claimers:
                 c.cancel()
@@ -260,6 +268,7 @@ def run_worker(settings: Settings, index: int) -> None:
     broker.install_client_patches(settings)
     read_committed_only()
     ack_processed_only()
+    seek_uncommitted_to_beginning({settings.topic(t) for t in ("events", "task-inputs", "queue")})
     app = build_app(settings, index)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

@@ -146,6 +146,7 @@ class ClaimWaiter:
             for tp in parts:  # resolve the positions now, so nothing decided after this point is missed
                 await consumer.position(tp)
             self.ready.set()
+            log.info("claim waiter ready: following %s from its end", topic)
             while True:
                 batches = await consumer.getmany(timeout_ms=200, max_records=1000)
                 for msgs in batches.values():

@@ -44,28 +44,44 @@ def task(name: str, code: str, deps: list[str] = (), **extra: Any) -> dict[str, 
     }
 
 
+class Commands:
+    """Avro commands produced with confluent-kafka and the registry's latest schema, nothing of ours:
+    one serializer and one producer for many commands, flushed by `flush`."""
+
+    def __init__(self, stack: Stack) -> None:
+        s = stack.settings
+        self.topic = s.topic("commands")
+        registry = SchemaRegistryClient({"url": s.registry})
+        latest = registry.get_latest_version(f"{self.topic}-value")
+        self.ser = AvroSerializer(
+            registry, latest.schema.schema_str, conf={"auto.register.schemas": False, "use.latest.version": True}
+        )
+        self.producer = Producer({"bootstrap.servers": s.bootstrap, "linger.ms": 5})
+
+    def send(self, body_type: str, body: dict[str, Any]) -> str:
+        command_id = str(uuid.uuid4())
+        value = self.ser(
+            {
+                "command_id": command_id,
+                "issued_ms": int(time.time() * 1000),
+                "issuer": "outside-program",
+                "body": (f"io.taskstream.{body_type}", body),
+            },
+            SerializationContext(self.topic, MessageField.VALUE),
+        )
+        self.producer.produce(self.topic, key=command_id.encode(), value=value)
+        self.producer.poll(0)
+        return command_id
+
+    def flush(self) -> None:
+        assert self.producer.flush(30) == 0
+
+
 def produce_command(stack: Stack, body_type: str, body: dict[str, Any]) -> str:
-    """Produce one Avro command with confluent-kafka and the registry's latest schema, nothing of ours."""
-    s = stack.settings
-    topic = s.topic("commands")
-    registry = SchemaRegistryClient({"url": s.registry})
-    latest = registry.get_latest_version(f"{topic}-value")
-    ser = AvroSerializer(
-        registry, latest.schema.schema_str, conf={"auto.register.schemas": False, "use.latest.version": True}
-    )
-    command_id = str(uuid.uuid4())
-    value = ser(
-        {
-            "command_id": command_id,
-            "issued_ms": int(time.time() * 1000),
-            "issuer": "outside-program",
-            "body": (f"io.taskstream.{body_type}", body),
-        },
-        SerializationContext(topic, MessageField.VALUE),
-    )
-    p = Producer({"bootstrap.servers": s.bootstrap})
-    p.produce(topic, key=command_id.encode(), value=value)
-    assert p.flush(30) == 0
+    """Produce one Avro command (Commands) and wait until the broker has it."""
+    commands = Commands(stack)
+    command_id = commands.send(body_type, body)
+    commands.flush()
     return command_id
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from types import SimpleNamespace
+from typing import Any
 
 from faust.transport.consumer import Consumer
 from faust.types import TP
@@ -110,3 +111,42 @@ def test_faust_commits_past_a_record_still_being_handled_unless_acks_come_in_ord
     for m in acks.handled(tp, 10, gen[0]):
         Consumer.ack(c, m)  # type: ignore[arg-type]
     assert Consumer._new_offset(c, tp) == 12  # type: ignore[arg-type]
+
+
+def test_after_a_rebalance_never_committed_partitions_of_our_topics_are_read_from_their_beginning() -> None:
+    """Faust's seek back after recovery leaves a partition without a committed offset where its consumer
+    got to (past what was skipped during recovery); the patch sends such partitions of the worker's own
+    topics to their beginning, and leaves committed ones and Faust's changelogs as aiokafka put them."""
+    import asyncio
+
+    from aiokafka import TopicPartition
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+    from taskstream.connectors.faust_patches import seek_uncommitted_to_beginning
+
+    queue0, queue1, queue2 = (TopicPartition("taskstream.queue", p) for p in range(3))
+    changelog = TopicPartition("taskstream-scheduler-tasks-changelog", 0)
+    committed = {queue0: None, queue1: 7, queue2: 0, changelog: None}
+
+    class AioConsumer:
+        sought: list[TopicPartition] = []
+
+        async def seek_to_committed(self) -> dict[TopicPartition, int | None]:
+            return committed
+
+        async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+            self.sought.extend(tps)
+
+    aio = AioConsumer()
+
+    class Thread:
+        def _ensure_consumer(self) -> AioConsumer:
+            return aio
+
+        async def call_thread(self, fun: Any) -> Any:
+            return await fun()
+
+    seek_uncommitted_to_beginning({"taskstream.queue"})
+    seek_uncommitted_to_beginning({"taskstream.queue"})  # twice changes nothing
+    got = asyncio.run(AIOKafkaConsumerThread.seek_to_committed(Thread()))  # type: ignore[arg-type]
+    assert got == committed  # Faust still gets the committed offsets
+    assert sorted(aio.sought) == [queue0, queue2]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from taskstream.core.submission import submission_id_for
 from tests.conftest import Stack, wait_until
-from tests.test_e2e import all_terminal, produce_command, submission_of, task
+from tests.test_e2e import Commands, all_terminal, produce_command, submission_of, task
 
 pytestmark = [pytest.mark.stack, pytest.mark.fallback]
 RUN_ID = uuid.uuid4().hex[:8]
@@ -81,15 +81,18 @@ def test_bad_commands_are_dead_lettered_or_decided_and_nothing_stops(stack: Stac
         producer.produce(s.topic("commands"), key=garbage_key, value=data)
         sent_garbage.append(data)
 
+    commands = Commands(stack)
+
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(nonsense_submission())
     def throw_nonsense(body: dict[str, Any]) -> None:
-        cid = produce_command(stack, "SubmitDag", body)
+        cid = commands.send("SubmitDag", body)
         sent_commands.append((cid, body["tenant"], body["idempotency_key"]))
 
     throw_garbage()
     assert producer.flush(60) == 0
     throw_nonsense()
+    commands.flush()
 
     def dead_lettered() -> int:
         with psycopg.connect(s.dsn, autocommit=True) as conn:

@@ -10,7 +10,8 @@ the JVMs), over the same interval.
                                [--workload dag|single|both] [--profile SECONDS]
 
 --profile records the worker with py-spy (if installed) for that many seconds into
-bench/results/throughput-worker-<pair>.svg (not kept in git: profiles are per machine). Writes
+bench/results/throughput-worker-<pair>-<workload>.stacks (raw stacks, not kept in git: profiles are
+per machine) and adds each part's share of the samples to the results. Writes
 bench/results/throughput-<pair>.json.
 """
 
@@ -66,6 +67,36 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
+# Where a worker's samples are, by the frames they pass through (a sample counts once per group).
+PROFILE_GROUPS = {
+    "lifecycle decisions (streams/lifecycle.py)": "lifecycle.py",
+    "executor: claim, run, report (streams/worker.py)": "worker.py:",
+    "Avro encode/decode (fastavro)": "fastavro",
+    "table writes (Faust tables, rocksdict)": "faust/tables",
+    "Faust stream/conductor/consumer machinery": "faust/streams.py",
+    "aiokafka fetch and decode": "aiokafka/consumer",
+    "producing (aiokafka producer, Faust producer)": "aiokafka/producer",
+    "asyncio event loop itself": "asyncio/base_events.py",
+}
+
+
+def where_the_time_goes(stacks: Path) -> dict[str, float]:
+    """Share of the worker's busy samples (py-spy raw stacks, `frame;frame;... count`; idle threads are
+    not sampled) passing through each group's frames. Groups overlap: a lifecycle decision that encodes
+    Avro counts in both."""
+    totals = dict.fromkeys(PROFILE_GROUPS, 0)
+    n = 0
+    for line in stacks.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n += int(count)
+        for group, needle in PROFILE_GROUPS.items():
+            if needle in stack:
+                totals[group] += int(count)
+    return {g: round(c / n, 3) for g, c in sorted(totals.items(), key=lambda kv: -kv[1])} if n else {}
+
+
 def once(kind: str, workload: str, n: int, profile: float) -> dict[str, Any]:
     import psycopg
 
@@ -77,13 +108,14 @@ def once(kind: str, workload: str, n: int, profile: float) -> dict[str, Any]:
         pids = services(env)
         before = {name: tree_cpu(pid) for name, pid in pids.items()}
         spy = None
+        stacks = RESULTS / f"throughput-worker-{kind}-{workload}.stacks"
         if profile and shutil.which("py-spy"):
-            out = RESULTS / f"throughput-worker-{kind}.svg"
             spy = subprocess.Popen(
-                ["py-spy", "record", "-p", str(pids["worker-0"]), "-d", str(int(profile)), "-o", str(out), "-s"],
+                ["py-spy", "record", "-p", str(pids["worker-0"]), "-d", str(int(profile)), "--format", "raw",
+                 "-o", str(stacks), "-s"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-            )
+            )  # fmt: skip
         with Client(s, issuer="bench") as client:
             first_send = time.time()
             if workload == "dag":
@@ -109,7 +141,9 @@ def once(kind: str, workload: str, n: int, profile: float) -> dict[str, Any]:
             spy.wait()
     took = float(last) - first_send if last is not None else None
     cpu = {name: round((after[name] - before[name]) / max(done, 1) * 1000, 3) for name in pids}
+    where = where_the_time_goes(stacks) if spy is not None and stacks.exists() else None
     return {
+        **({"worker_profile_share": where} if where else {}),
         "workload": workload,
         "tasks": n,
         "succeeded": done,

@@ -4,8 +4,10 @@ backoff on noida-db) is in connectors/noida.py."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+log = logging.getLogger(__name__)
 _MARK = "_taskstream_read_committed"
 _ACK_MARK = "_taskstream_processed_only"
 _SEEK_MARK = "_taskstream_seek_uncommitted"
@@ -83,6 +85,10 @@ def seek_uncommitted_to_beginning(topics: set[str]) -> None:
             committed = await consumer.seek_to_committed()
             never = [tp for tp, offset in committed.items() if tp.topic in topics and not offset]
             if never:
+                log.info(
+                    "read from the beginning (never committed): %s",
+                    ", ".join(f"{t.topic}[{t.partition}]" for t in never),
+                )
                 await consumer.seek_to_beginning(*never)
             return committed
 

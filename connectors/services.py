@@ -165,8 +165,9 @@ def initdb(settings: Settings) -> None:
     ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 - argv list
     if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ServiceError(f"initdb failed in {data}: {tail[0]}")
+        # its last words are its clean-up ("removing contents of data directory"); the cause is before
+        lines = [ln for ln in (done.stderr or done.stdout).strip().splitlines() if "removing" not in ln]
+        raise ServiceError(f"initdb failed in {data}: {' | '.join(lines[-3:]) or 'no output'}")
 
 
 def _ready_file_exists(settings: Settings, name: str) -> bool:

@@ -303,3 +303,26 @@ def test_callable_tasks_run_in_the_worker_s_runners_with_their_output_and_exit_s
     again.write_text("tenant: acme\ntasks:\n  - {name: again, call: 'builtins:print', args: [again]}\n")
     after = stack.cli("submit", str(again), "--follow", "--timeout", "60")
     assert "SUCCEEDED" in after.stdout  # the next call gets a fresh runner
+
+
+def test_an_initdb_failure_names_its_cause_not_its_clean_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """initdb's last line is its clean-up; the error must carry the lines before it (a full disk here)."""
+    import pytest
+    from taskstream.connectors.services import ServiceError, initdb
+
+    from taskstream.settings import Settings
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for exe in ("initdb", "postgres"):
+        script = bin_dir / exe
+        script.write_text(
+            "#!/bin/sh\n"
+            "echo 'initdb: error: could not write to file \"base/1/1249\": No space left on device' >&2\n"
+            "echo 'initdb: removing contents of data directory \"somewhere\"' >&2\n"
+            "exit 1\n"
+        )
+        script.chmod(0o755)
+    with pytest.raises(ServiceError, match="No space left on device") as err:
+        initdb(Settings(state_dir=tmp_path / "state", pg_bin=str(bin_dir)))
+    assert "removing contents" not in str(err.value)

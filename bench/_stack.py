@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -38,7 +39,8 @@ def kinds(arg: str) -> list[str]:
 
 @contextmanager
 def embedded_stack(kind: str = "kafka", **extra: str) -> Iterator[dict[str, str]]:
-    """Yields the TASKSTREAM_* environment of a running stack (plus `extra` settings); stops it afterwards."""
+    """Yields the TASKSTREAM_* environment of a running stack (plus `extra` settings); stops it afterwards
+    and removes its state directory (kept, and named, if TASKSTREAM_BENCH_KEEP is set)."""
     state = Path(tempfile.mkdtemp(prefix=f"taskstream-bench-{kind}-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
     env["TASKSTREAM_STATE_DIR"] = str(state)
@@ -54,6 +56,10 @@ def embedded_stack(kind: str = "kafka", **extra: str) -> Iterator[dict[str, str]
         yield env
     finally:
         subprocess.run([*cli, "down"], env=env, capture_output=True)
+        if os.environ.get("TASKSTREAM_BENCH_KEEP"):
+            print(f"kept the stack's state (logs, data) in {state}", file=sys.stderr)
+        else:  # a bench's stacks add up to tens of GB in /tmp
+            shutil.rmtree(state, ignore_errors=True)
 
 
 def settings_of(env: dict[str, str]) -> Any:

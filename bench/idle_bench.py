@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -60,6 +61,7 @@ def main() -> int:
             rss = {n: round(rss_mib(pid)) for n, pid in pids.items()}
         finally:
             down = timed([*cli, "down"], env)
+            shutil.rmtree(env["TASKSTREAM_STATE_DIR"], ignore_errors=True)
         cpu = {n: summary(v) for n, v in windows.items()}
         report = {
             "benchmark": "an idle embedded stack",

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import shutil
+import subprocess
 import sys
 import tempfile
 import time

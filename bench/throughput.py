@@ -97,13 +97,13 @@ def where_the_time_goes(stacks: Path) -> dict[str, float]:
     return {g: round(c / n, 3) for g, c in sorted(totals.items(), key=lambda kv: -kv[1])} if n else {}
 
 
-def once(kind: str, workload: str, n: int, profile: float) -> dict[str, Any]:
+def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]) -> dict[str, Any]:
     import psycopg
 
     from taskstream.core.submission import parse_document
     from taskstream.sdk import Client
 
-    with embedded_stack(kind) as env:
+    with embedded_stack(kind, **extra) as env:
         s = settings_of(env)
         pids = services(env)
         before = {name: tree_cpu(pid) for name, pid in pids.items()}
@@ -163,18 +163,25 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--workload", choices=("dag", "single", "both"), default="both")
     ap.add_argument("--profile", type=float, default=0.0, help="py-spy the worker for this many seconds")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a stack setting, e.g. claim_ahead=32; results go to a file of their own")  # fmt: skip
     args = ap.parse_args()
+    bad = [item for item in args.set if "=" not in item or item.startswith("=")]
+    if bad:
+        ap.error(f"--set takes NAME=VALUE, not {bad[0]!r}")
+    extra = dict(item.split("=", 1) for item in args.set)
     workloads = ["dag", "single"] if args.workload == "both" else [args.workload]
     for kind in kinds(args.engines):
         report: dict[str, Any] = {
             "benchmark": "no-op callables (os:getpid) from the first send to the last success",
             "engines": kind,
             "aim": "1,000 tasks/s end to end on 2 cores, every service local",
+            "settings": extra,
         }
         for workload in workloads:
             runs = []
             for i in range(args.runs):
-                runs.append(once(kind, workload, args.tasks, args.profile if i == 0 else 0.0))
+                runs.append(once(kind, workload, args.tasks, args.profile if i == 0 else 0.0, extra))
                 print(f"{kind} {workload} run {i + 1}: {runs[-1]}", flush=True)
             report[workload] = {
                 "tasks_per_second": summary([r["tasks_per_second"] for r in runs]),
@@ -183,7 +190,8 @@ def main() -> int:
             }
         report["when"] = when()
         # a profiled run is slowed by py-spy: its figures go to a file of their own
-        write_report(RESULTS / f"throughput-{kind}{'-profile' if args.profile else ''}.json", report)
+        suffix = ("-profile" if args.profile else "") + ("-set" if extra else "")
+        write_report(RESULTS / f"throughput-{kind}{suffix}.json", report)
     return 0
 
 

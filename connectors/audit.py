@@ -11,7 +11,7 @@ from taskstream.connectors.kafka import consumer, make_codec
 from taskstream.connectors.partitioning import partition_for
 from taskstream.connectors.reading import read_to_end
 from taskstream.schemas.codec import DecodeError
-from taskstream.schemas.records import EVENT_HEADER, EventRecord, task_events
+from taskstream.schemas.records import EVENT_HEADER, PACKED_KINDS, EventRecord, task_events
 
 from taskstream.settings import Settings
 
@@ -59,8 +59,8 @@ def task_history(settings: Settings, task_id: str) -> list[dict[str, Any]]:
         seen: set[str] = set()
         # to the partition's end as it is now, also when the log ends on a transaction marker
         for m in read_to_end(c, topic, {part: low}, timeout=120):
-            # a task's admission is packed with others' (TasksAdmitted) under the first one's key
-            packed = dict(m.headers() or ()).get(EVENT_HEADER) == b"TasksAdmitted"
+            # a task's events may be packed with others' (TasksAdmitted, TaskEvents) under the first one's key
+            packed = dict(m.headers() or ()).get(EVENT_HEADER, b"").decode() in PACKED_KINDS
             if m.key() != task_id.encode() and not packed:
                 continue
             try:

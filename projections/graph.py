@@ -126,7 +126,7 @@ def graph_writes(records: Iterable[r.EventRecord]) -> GraphWrites:
     nodes: list[dict[str, Any]] = []
     edges: list[dict[str, Any]] = []
     statuses: dict[str, dict[str, Any]] = {}
-    for rec in records:
+    for rec in r.unpacked(records):
         p = rec.payload
         if isinstance(p, r.TasksAdmitted):  # each task's TaskSubmitted and TaskAdmitted
             for t in p.tasks:

@@ -171,7 +171,7 @@ def _changes(
 def fold(records: Iterable[r.EventRecord]) -> PgWrites:
     w = PgWrites()
     folded: dict[str, int] = {}  # task id -> highest version folded in this batch
-    for rec in records:
+    for rec in r.unpacked(records):
         p = rec.payload
         at = ts(rec.event_ms)
         if isinstance(p, r.SubmissionAccepted):

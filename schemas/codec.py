@@ -165,6 +165,17 @@ def _typed(cls: type, d: dict[str, Any]) -> Any:
             r.AdmittedTask(t["task_id"], spec_from(t["spec"]), tuple(t["dependents"]), tuple(t["references"]))
             for t in kw["tasks"]
         )
+    if cls is r.TaskEvents:
+        kw["events"] = tuple(
+            r.PackedEvent(
+                m["task_id"],
+                m["submission_id"],
+                m["version"],
+                m["event_ms"],
+                _branch(r.EVENT_PAYLOADS, m["payload"], "packed event"),
+            )  # fmt: skip
+            for m in kw["events"]
+        )
     return cls(**kw)
 
 
@@ -178,6 +189,7 @@ def _branch(table: dict[str, type], value: tuple[str, dict[str, Any]], what: str
 
 _TASK_SUBMITTED = r.NS + "TaskSubmitted"
 _TASKS_ADMITTED = r.NS + "TasksAdmitted"
+_TASK_EVENTS = r.NS + "TaskEvents"
 _SUBMIT_DAG = r.NS + "SubmitDag"
 
 
@@ -239,6 +251,18 @@ def _union(obj: Any) -> tuple[str, dict[str, Any]]:
             for a in obj.tasks
         ]
         return _TASKS_ADMITTED, {"node": obj.node, "tasks": tasks}
+    if t is r.TaskEvents:
+        members = [
+            {
+                "task_id": m.task_id,
+                "submission_id": m.submission_id,
+                "version": m.version,
+                "event_ms": m.event_ms,
+                "payload": _union(m.payload),
+            }
+            for m in obj.events
+        ]
+        return _TASK_EVENTS, {"events": members}
     if t is r.SubmitDag:
         return _SUBMIT_DAG, {
             "tenant": obj.tenant,

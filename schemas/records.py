@@ -7,6 +7,7 @@ and every schema agree field by field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from taskstream.core import events as ev
 from taskstream.core.model import TaskSpec
@@ -46,6 +47,7 @@ class CommandRecord:
 
 # ---- events topic -------------------------------------------------------------------------------
 EVENT_HEADER = "taskstream.event"  # every event carries its kind (payload class name) in this header
+KINDS_HEADER = "taskstream.kinds"  # and a packed TaskEvents its members' kinds, comma-separated
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,29 @@ class TasksAdmitted:
     tasks: tuple[AdmittedTask, ...]
 
 
-Payload = ev.Event | SubmissionAccepted | SubmissionRejected | TasksAdmitted
+@dataclass(frozen=True, slots=True)
+class PackedEvent:
+    task_id: str
+    submission_id: str
+    version: int
+    event_ms: int
+    payload: ev.Event
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEvents:
+    """Several tasks' events in one record (see `task_events`): what the task owner decided in one batch
+    for one partition, in order.
+
+    A task's run is five events (ready, queued, claimed, started, succeeded); one record each made the
+    broker, the owner's own reading and every consumer handle five records per task. Packed, a batch of
+    hundreds of tasks is one record per partition. The per-task events stay the model everyone folds."""
+
+    events: tuple[PackedEvent, ...]
+
+
+Payload = ev.Event | SubmissionAccepted | SubmissionRejected | TasksAdmitted | TaskEvents
+PACKED_KINDS = frozenset({"TasksAdmitted", "TaskEvents"})  # payloads that stand for several tasks' events
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +133,31 @@ class EventRecord:
         return type(self.payload).__name__
 
 
+def pack(records: list[EventRecord], node: str) -> EventRecord:
+    """Task events (of one partition, in order) as one TaskEvents record, keyed by the first one's task."""
+    first = records[0]
+    members = tuple(PackedEvent(x.task_id, x.submission_id, x.version, x.event_ms, x.payload) for x in records)  # type: ignore[arg-type]
+    return EventRecord(f"{first.event_id}+{len(records)}", None, "", 0, first.event_ms, node, TaskEvents(members))
+
+
+def unpacked(records: Any) -> Any:
+    """The records with every TaskEvents among them unpacked (TasksAdmitted stay packed: the projections
+    fold those whole)."""
+    for rec in records:
+        if type(rec.payload) is TaskEvents:
+            yield from task_events(rec)
+        else:
+            yield rec
+
+
 def task_events(rec: EventRecord) -> list[EventRecord]:
     """The per-task events a record stands for: a TasksAdmitted unpacked into each task's TaskSubmitted
-    (version 1) and TaskAdmitted (version 2), with the ids they would have had on their own; any other
-    record as it is."""
+    (version 1) and TaskAdmitted (version 2), a TaskEvents into its members, each with the id it would
+    have had on its own; any other record as it is."""
     p = rec.payload
+    if type(p) is TaskEvents:
+        return [EventRecord(f"{m.task_id}:{m.version}", m.task_id, m.submission_id, m.version, m.event_ms, rec.node,
+                            m.payload) for m in p.events]  # fmt: skip
     if type(p) is not TasksAdmitted:
         return [rec]
     sid, at, node = rec.submission_id, rec.event_ms, rec.node
@@ -230,6 +274,7 @@ EVENT_PAYLOADS: dict[str, type] = {NS + cls.__name__: cls for cls in ev.EVENT_TY
     NS + "SubmissionAccepted": SubmissionAccepted,
     NS + "SubmissionRejected": SubmissionRejected,
     NS + "TasksAdmitted": TasksAdmitted,
+    NS + "TaskEvents": TaskEvents,
 }
 INPUT_BODIES: dict[str, type] = {
     NS + cls.__name__: cls

@@ -10,17 +10,27 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
+from taskstream.connectors.partitioning import partition_for
 from taskstream.schemas.codec import Codec
-from taskstream.schemas.records import EVENT_HEADER, EventRecord, InputRecord
+from taskstream.schemas.records import EVENT_HEADER, KINDS_HEADER, EventRecord, InputRecord, TaskEvents, pack
 
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
+PACK_MAX_EVENTS = 1_000  # events per TaskEvents record at most ...
+PACK_MAX_BYTES = 256 * 1024  # ... and about this many bytes: far under the producer's 1 MB request limit
+PARTITIONS_KEPT = 200_000  # task id -> partition, remembered (a task's id is written a dozen times)
 
 
 def _headers(rec: Any) -> list[tuple[str, bytes]] | None:
-    """Events carry their kind in a header, so a consumer can skip what it does not need undecoded."""
-    return [(EVENT_HEADER, rec.kind.encode())] if isinstance(rec, EventRecord) else None
+    """Events carry their kind in a header, so a consumer can skip what it does not need undecoded; a
+    packed TaskEvents also the kinds of its members (KINDS_HEADER, comma-separated)."""
+    if not isinstance(rec, EventRecord):
+        return None
+    if type(rec.payload) is TaskEvents:
+        kinds = sorted({type(m.payload).__name__ for m in rec.payload.events})
+        return [(EVENT_HEADER, b"TaskEvents"), (KINDS_HEADER, ",".join(kinds).encode())]
+    return [(EVENT_HEADER, rec.kind.encode())]
 
 
 def unit_random(*parts: object) -> float:
@@ -62,6 +72,49 @@ class Context:
     def input(self, task_id: str, at_ms: int, body: Any, input_id: str) -> InputRecord:
         return InputRecord(input_id=input_id, task_id=task_id, sent_ms=at_ms, sender=self.node, body=body)
 
+    def __post_init__(self) -> None:
+        self._partitions: dict[str, int] = {}
+        self._own_topics = {self.settings.topic(t) for t in ("events", "task-inputs", "queue")}
+
+    def partition(self, key: str) -> int:
+        """The partition of a task's records on events, task-inputs and the queue (co-partitioned, the
+        default partitioner's choice): worked out once per task, not once per record by the producer."""
+        p = self._partitions.get(key)
+        if p is None:
+            if len(self._partitions) >= PARTITIONS_KEPT:
+                self._partitions.clear()
+            p = self._partitions[key] = partition_for(key.encode(), self.settings.partitions)
+        return p
+
+    def packed(self, sends: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
+        """The same sends with the task events of each partition packed into TaskEvents records (in the
+        order they were decided), where a partition has more than one; everything else as it was.
+        A reader sees each task's events in the same order either way (`records.task_events`)."""
+        groups: dict[int, list[EventRecord]] = {}
+        out: list[tuple[Any, str, Any]] = []
+        for send in sends:
+            topic, key, rec = send
+            if topic is self.events and type(rec) is EventRecord and rec.task_id is not None and rec.version > 0:
+                groups.setdefault(self.partition(key), []).append(rec)
+            else:
+                out.append(send)
+        for recs in groups.values():
+            if len(recs) == 1:
+                out.append((self.events, str(recs[0].task_id), recs[0]))
+                continue
+            chunk: list[EventRecord] = []
+            size = 0
+            for rec in recs:
+                p = rec.payload  # an output tail and a reason are what can make an event big
+                weight = 200 + len(getattr(p, "output_tail", "")) + len(getattr(p, "reason", ""))
+                if chunk and (len(chunk) >= PACK_MAX_EVENTS or size + weight > PACK_MAX_BYTES):
+                    out.append((self.events, str(chunk[0].task_id), pack(chunk, self.node)))
+                    chunk, size = [], 0
+                chunk.append(rec)
+                size += weight
+            out.append((self.events, str(chunk[0].task_id), pack(chunk, self.node)))
+        return out
+
     async def send_all(self, sends: list[tuple[Any, str, Any]]) -> None:
         """Send (topic, key, record) tuples and wait until every one is durable.
 
@@ -69,8 +122,16 @@ class Context:
         acknowledged meanwhile, so nothing is lost and the partition waits rather than skips. Resending
         is safe because every record has a deterministic id that readers deduplicate.
         """
+        own = self._own_topics
         encoded = [
-            (topic.get_topic_name(), key.encode(), self.codec.encode(rec), _headers(rec)) for topic, key, rec in sends
+            (
+                topic.get_topic_name(),
+                key.encode(),
+                self.codec.encode(rec),
+                _headers(rec),
+                self.partition(key) if topic.get_topic_name() in own else None,
+            )
+            for topic, key, rec in sends
         ]
         delay = 0.1
         while True:
@@ -78,7 +139,8 @@ class Context:
                 # Faust's producer underneath the topics: `topic.send` costs ~0.5 ms a record in Faust's
                 # channel machinery, which made a 10,000-task admission take 14 s.
                 futures = [
-                    await self.producer.send(name, key, value, None, None, hdr) for name, key, value, hdr in encoded
+                    await self.producer.send(name, key, value, part, None, hdr)
+                    for name, key, value, hdr, part in encoded
                 ]
                 for fut in futures:
                     await fut

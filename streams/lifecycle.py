@@ -95,7 +95,7 @@ class Lifecycle:
                 await guard(message, self.on_message(message, events_topic))
         finally:
             self._batch = self._message = None
-        await self.ctx.send_all(batch.sends)  # durable first ...
+        await self.ctx.send_all(self.ctx.packed(batch.sends))  # durable first (events packed) ...
         for key, raw in batch.tasks.items():  # ... then remembered
             with self.as_event(batch.source[key]):
                 self.tasks[key] = raw

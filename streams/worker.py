@@ -33,7 +33,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from taskstream.connectors.keeper import Keeper, die_with_parent
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
-from taskstream.streams.context import EVENT_HEADER, Context
+from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context
 from taskstream.streams.runner import CallFailed, Runner, Runners
 
 from taskstream.core import events as e
@@ -151,8 +151,12 @@ class ClaimWaiter:
                 batches = await consumer.getmany(timeout_ms=200, max_records=1000)
                 for msgs in batches.values():
                     for m in msgs:
-                        kind = dict(m.headers or ()).get(EVENT_HEADER)
-                        if kind is None or kind in WATCHED:  # no header: an older writer; decode to be sure
+                        headers = dict(m.headers or ())
+                        kind = headers.get(EVENT_HEADER)
+                        if kind == b"TaskEvents":  # packed: decoded if a member is a verdict or a cancellation
+                            if any(k in WATCHED for k in headers.get(KINDS_HEADER, b"").split(b",")):
+                                self._see(m.value)
+                        elif kind is None or kind in WATCHED:  # no header: an older writer; decode to be sure
                             self._see(m.value)
         finally:
             await consumer.stop()
@@ -162,6 +166,10 @@ class ClaimWaiter:
             rec = self.ctx.codec.decode("event", raw)
         except DecodeError:
             return  # the projections dead-letter these; a worker only looks for its verdicts
+        for one in r.task_events(rec):
+            self._see_one(one)
+
+    def _see_one(self, rec: r.EventRecord) -> None:
         p = rec.payload
         if isinstance(p, e.TaskClaimed | e.ClaimRejected) and p.claim_id in self.pending:
             fut = self.pending.pop(p.claim_id)

@@ -670,7 +670,7 @@ def tail(
             for m in c.consume(500, 0.5):
                 if m.error():
                     continue
-                try:  # a packed admission (TasksAdmitted) is shown as the per-task events it stands for
+                try:  # a packed record (TasksAdmitted, TaskEvents) is shown as the per-task events it stands for
                     rows = [describe(ev, m) for ev in task_events(codec.decode("event", m.value()))]
                 except DecodeError as exc:
                     rows = [{"event": "UNDECODABLE", "details": exc.reason, "partition": m.partition(),

@@ -67,6 +67,7 @@ def test_every_class_matches_its_avro_record_field_for_field() -> None:
                 ("QueuedTask", r.QueuedTask),
                 ("FieldProblem", r.FieldProblem),
                 ("AdmittedTask", r.AdmittedTask),
+                ("PackedEvent", r.PackedEvent),
             )
         }
     )
@@ -94,9 +95,19 @@ def test_every_class_matches_its_avro_record_field_for_field() -> None:
         assert needed in avro
 
 
-PAYLOADS = st.one_of(
+TASK_PAYLOADS = st.one_of(
     st.builds(e.TaskSubmitted, text, specs()),
     *[st.builds(cls) for cls in e.EVENT_TYPES if cls is not e.TaskSubmitted],
+)
+PAYLOADS = st.one_of(
+    TASK_PAYLOADS,
+    st.builds(
+        r.TaskEvents,
+        st.lists(
+            st.builds(r.PackedEvent, text, text, st.integers(0, 2**40), st.integers(0, 2**41), TASK_PAYLOADS),
+            max_size=4,
+        ).map(tuple),  # fmt: skip
+    ),
     st.builds(r.SubmissionAccepted, text, st.none() | text, text, st.dictionaries(text, text, max_size=3)),
     st.builds(
         r.TasksAdmitted,

@@ -141,6 +141,7 @@ def test_a_batch_decides_each_input_on_what_the_one_before_left_and_saves_once_a
     lc = lifecycle(requeue_ms=90_000)
     ctx = lc.ctx
     ctx.events, ctx.queue, ctx.send_all = "events", "queue", send_all  # type: ignore[attr-defined]
+    ctx.packed = lambda sends: sends  # type: ignore[attr-defined]  # packing: tests/test_context.py
     ctx.event = lambda tid, sid, version, at, ev: (version, ev)  # type: ignore[attr-defined]
     ctx.codec = SimpleNamespace(decode=lambda _kind, value: value)  # type: ignore[attr-defined]
     lc.tasks, lc.timers = _Tables(sent), _Tables(sent)

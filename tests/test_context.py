@@ -1,0 +1,122 @@
+"""Packing task events (Context.packed): one TaskEvents record per partition and batch, read back as the
+same per-task events in the same order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from taskstream.connectors.partitioning import partition_for
+from taskstream.schemas import records as r
+from taskstream.schemas.codec import Codec
+from taskstream.streams import context as context_module
+from taskstream.streams.context import Context, _headers
+
+from taskstream.core import events as e
+from taskstream.settings import Settings
+
+
+class _Topic:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
+def make_context(partitions: int = 4) -> Context:
+    s = Settings(partitions=partitions)
+    topics = [_Topic(s.topic(t)) for t in ("events", "task-inputs", "queue", "dead-letters")]
+    codec = Codec({"event": 7, "input": 8}, lambda sid: pytest.fail("no lookup expected"))
+    return Context(s, codec, "node-a", *topics, producer=None)
+
+
+def an_event(ctx: Context, task: str, version: int, payload: Any) -> tuple[Any, str, r.EventRecord]:
+    return (ctx.events, task, ctx.event(task, f"sub-{task}", version, 1000 + version, payload))
+
+
+def test_a_partitions_events_are_one_record_read_back_as_the_same_events_in_order() -> None:
+    ctx = make_context()
+    tasks = [f"t{i}" for i in range(12)]
+    sends = []
+    for v, payload in enumerate([e.TaskReady("no prerequisites"), e.TaskQueued(1, "default")], start=3):
+        sends += [an_event(ctx, t, v, payload) for t in tasks]
+    signal = (ctx.inputs, "t0", ctx.input("t0", 5, r.WatchPrerequisite("t1"), "w"))
+    out = ctx.packed([*sends, signal])
+
+    assert signal in out, "other records pass through unchanged"
+    packed = [(key, rec) for topic, key, rec in out if topic is ctx.events]
+    by_partition: dict[int, list[r.EventRecord]] = {}
+    for _, _, rec in sends:
+        by_partition.setdefault(partition_for(rec.task_id.encode(), 4), []).append(rec)  # type: ignore[union-attr]
+    assert len(packed) == len(by_partition), "one record per partition"
+    for key, rec in packed:
+        part = partition_for(key.encode(), 4)
+        members = r.task_events(rec)
+        assert members == by_partition[part], "the same events (ids, versions, node, payloads), in order"
+        assert {partition_for(m.task_id.encode(), 4) for m in members} == {part}  # type: ignore[union-attr]
+        if len(members) > 1:
+            assert type(rec.payload) is r.TaskEvents and rec.task_id is None and key == members[0].task_id
+
+
+def test_a_lone_event_stays_a_record_of_its_own_and_packs_split_at_the_limit(monkeypatch: Any) -> None:
+    ctx = make_context(partitions=1)
+    lone = an_event(ctx, "t1", 3, e.TaskReady("no prerequisites"))
+    assert ctx.packed([lone]) == [lone]
+    monkeypatch.setattr(context_module, "PACK_MAX_EVENTS", 5)
+    sends = [an_event(ctx, f"t{i}", 3, e.TaskReady("r")) for i in range(12)]
+    out = ctx.packed(sends)
+    assert [len(rec.payload.events) for _, _, rec in out] == [5, 5, 2]
+    assert [m for _, _, rec in out for m in r.task_events(rec)] == [rec for _, _, rec in sends]
+
+
+def test_packs_split_by_size_so_a_record_stays_far_under_the_message_limit(monkeypatch: Any) -> None:
+    ctx = make_context(partitions=1)
+    monkeypatch.setattr(context_module, "PACK_MAX_BYTES", 10_000)
+    done = e.TaskSucceeded("c", 0, "x" * 4000, 5)
+    out = ctx.packed([an_event(ctx, f"t{i}", 7, done) for i in range(5)])
+    assert [len(rec.payload.events) for _, _, rec in out] == [2, 2, 1]
+    assert all(len(ctx.codec.encode(rec)) < 10_000 for _, _, rec in out)
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.sampled_from([0, 1, 2])), max_size=60))
+def test_any_mix_of_tasks_reads_back_per_task_in_the_order_decided(plan: list[tuple[int, int]]) -> None:
+    ctx = make_context(partitions=3)
+    kinds = [e.TaskReady("r"), e.TaskClaimed(1, "w", "c"), e.TaskCancelled("why")]
+    versions: dict[str, int] = {}
+    sends = []
+    for task_no, kind in plan:
+        tid = f"task-{task_no}"
+        versions[tid] = versions.get(tid, 2) + 1
+        sends.append(an_event(ctx, tid, versions[tid], kinds[kind]))
+    decoded = [ctx.codec.decode("event", ctx.codec.encode(rec)) for _, _, rec in ctx.packed(sends)]
+    got = [m for rec in decoded for m in r.task_events(rec)]
+    assert sorted(got, key=lambda x: (x.task_id, x.version)) == sorted(
+        (rec for _, _, rec in sends), key=lambda x: (x.task_id, x.version)
+    )
+    for tid in versions:  # each task's events in the order they were decided
+        assert [m.version for m in got if m.task_id == tid] == [s[2].version for s in sends if s[1] == tid]
+
+
+def test_a_packed_record_names_its_members_kinds_in_a_header() -> None:
+    ctx = make_context(partitions=1)
+    sends = [an_event(ctx, "t1", 5, e.TaskClaimed(1, "w", "c")), an_event(ctx, "t2", 4, e.TaskQueued(1, "d"))]
+    [(_, _, rec)] = ctx.packed(sends)
+    assert dict(_headers(rec) or []) == {
+        "taskstream.event": b"TaskEvents",
+        "taskstream.kinds": b"TaskClaimed,TaskQueued",
+    }
+    assert dict(_headers(sends[0][2]) or []) == {"taskstream.event": b"TaskClaimed"}
+
+
+def test_with_the_default_limits_every_pack_fits_the_workers_producer_requests() -> None:
+    """Faust's producer refuses a request over 1 MB (producer_max_request_size): full output tails and long
+    reasons must still pack into records well under it."""
+    ctx = make_context(partitions=1)
+    tail = "é" * ctx.settings.output_tail_bytes  # two bytes each once encoded
+    sends = [an_event(ctx, f"t{i}", 7, e.TaskFailed("c", 1, tail, 5, "r" * 2000)) for i in range(400)]
+    out = ctx.packed(sends)
+    assert len(out) > 1
+    assert max(len(ctx.codec.encode(rec)) for _, _, rec in out) < 1_000_000 // 2

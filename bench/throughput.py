@@ -18,6 +18,7 @@ bench/results/throughput-<pair>.json (throughput-<pair>-profile.json with --prof
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -184,6 +185,7 @@ def main() -> int:
                 runs.append(once(kind, workload, args.tasks, args.profile if i == 0 else 0.0, extra))
                 print(f"{kind} {workload} run {i + 1}: {runs[-1]}", flush=True)
             report[workload] = {
+                "when": when(),
                 "tasks_per_second": summary([r["tasks_per_second"] for r in runs]),
                 "cpu_ms_per_task_total": summary([r["cpu_ms_per_task_total"] for r in runs]),
                 "each_run": runs,
@@ -191,7 +193,11 @@ def main() -> int:
         report["when"] = when()
         # a profiled run is slowed by py-spy: its figures go to a file of their own
         suffix = ("-profile" if args.profile else "") + ("-set" if extra else "")
-        write_report(RESULTS / f"throughput-{kind}{suffix}.json", report)
+        path = RESULTS / f"throughput-{kind}{suffix}.json"
+        if path.exists():  # a run of one workload keeps the other's last figures (each has its "when")
+            kept = json.loads(path.read_text())
+            report.update({w: kept[w] for w in ("dag", "single") if w not in report and w in kept})
+        write_report(path, report)
     return 0
 
 

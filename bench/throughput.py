@@ -7,8 +7,11 @@ read per service from /proc, each service with the processes under it (a worker'
 the JVMs), over the same interval.
 
     python bench/throughput.py [--engines kafka|fallback|both] [--tasks 10000] [--runs 1]
-                               [--workload dag|single|both] [--profile SECONDS]
+                               [--workload dag|single|both] [--profile SECONDS] [--set NAME=VALUE ...]
 
+Each run also gives two hops per task, from the tasks' transition times in PostgreSQL (p10, p50, p90):
+claim request -> start (the claim's round trip and any wait for a slot) and start -> finish (the run).
+--set runs the stack with a setting changed (TASKSTREAM_<NAME>), to throughput-<pair>-set.json.
 --profile records the worker with py-spy (if installed) for that many seconds into
 bench/results/throughput-worker-<pair>-<workload>.stacks (raw stacks, not kept in git: profiles are
 per machine) and adds each part's share of the samples to the results. Writes
@@ -98,6 +101,15 @@ def where_the_time_goes(stacks: Path) -> dict[str, float]:
     return {g: round(c / n, 3) for g, c in sorted(totals.items(), key=lambda kv: -kv[1])} if n else {}
 
 
+# Each task's time between two of its transitions, as the events stamped them (worker clock for the
+# claim, start and finish): the claim's round trip and a slot's wait, then the run itself.
+HOPS = {"claim request -> start": ("claimed_at", "started_at"), "start -> finish": ("started_at", "finished_at")}
+HOP = (
+    "SELECT percentile_cont(ARRAY[0.1, 0.5, 0.9]) WITHIN GROUP "
+    "(ORDER BY extract(epoch FROM {b} - {a}) * 1000) FROM tasks WHERE {a} IS NOT NULL AND {b} IS NOT NULL"
+)
+
+
 def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]) -> dict[str, Any]:
     import psycopg
 
@@ -137,6 +149,7 @@ def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]
                 time.sleep(0.5)
             (last,) = conn.execute("SELECT extract(epoch FROM max(finished_at)) FROM tasks").fetchone()  # type: ignore[misc]
             (others,) = conn.execute("SELECT count(*) FROM tasks WHERE status <> 'SUCCEEDED'").fetchone()  # type: ignore[misc]
+            hops = {name: conn.execute(HOP.format(a=a, b=b)).fetchone()[0] for name, (a, b) in HOPS.items()}  # type: ignore[index]
         after = {name: tree_cpu(pid) for name, pid in pids.items()}
         if spy is not None:
             spy.wait()
@@ -154,6 +167,7 @@ def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]
         "tasks_per_second": round(done / took, 1) if took else None,
         "cpu_ms_per_task": cpu,
         "cpu_ms_per_task_total": round(sum(cpu.values()), 3),
+        "hop_ms_p10_p50_p90": {name: [round(float(x), 1) for x in v] if v else None for name, v in hops.items()},
     }
 
 

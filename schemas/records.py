@@ -6,8 +6,8 @@ and every schema agree field by field.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from taskstream.core import events as ev
 from taskstream.core.model import TaskSpec
@@ -140,7 +140,7 @@ def pack(records: list[EventRecord], node: str) -> EventRecord:
     return EventRecord(f"{first.event_id}+{len(records)}", None, "", 0, first.event_ms, node, TaskEvents(members))
 
 
-def unpacked(records: Any) -> Any:
+def unpacked(records: Iterable[EventRecord]) -> Iterator[EventRecord]:
     """The records with every TaskEvents among them unpacked (TasksAdmitted stay packed: the projections
     fold those whole)."""
     for rec in records:

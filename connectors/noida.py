@@ -295,8 +295,10 @@ class HeartbeatOwnership:
         seen = self.members.view(member)
         return None if seen is None else time.monotonic() - seen.heard
 
-    def alive(self, member: str) -> bool:
-        return member in self.members.live()
+    def abandoned(self, member: str, p: int) -> bool:
+        """This cluster moves a partition from a live member only once that member has let it go, so a
+        previous owner that still lists p abandoned it if it is no longer live."""
+        return member not in self.members.live()
 
     def seek(self, p: int, offset: int) -> None:
         self.next_offsets[p] = offset

@@ -58,7 +58,7 @@ class Ownership(Protocol):
 
     def heard_from(self, member: str) -> float | None: ...
 
-    def alive(self, member: str) -> bool: ...
+    def abandoned(self, member: str, p: int) -> bool: ...
 
     def seek(self, p: int, offset: int) -> None: ...
 
@@ -188,7 +188,7 @@ class GroupOwnership:
             if tp.partition in self.owned:
                 self.owned.discard(tp.partition)
                 self.owner.release(tp.partition, why)
-        self.beats.beat()
+        self.beats.beat(flush=True)  # landed before the group moves the partitions: see abandoned()
 
     # -- what the admitter asks ------------------------------------------------------------------------
     def transactional_id(self, p: int) -> str:
@@ -207,11 +207,14 @@ class GroupOwnership:
         beat = self._beats.get(member)
         return None if beat is None else max(0.0, time.time() - beat.get("at_ms", 0) / 1000)
 
-    def alive(self, member: str) -> bool:
-        """Still beating within its session timeout? (The coordinator's own view decides ownership.)"""
-        silent = self.heard_from(member)
-        up = self._beats.get(member, {}).get("state") == "up"
-        return up and silent is not None and silent * 1000 <= self.s.admission_member_timeout_ms
+    def abandoned(self, member: str, p: int) -> bool:
+        """Did `member` lose p without letting it go? A member gives a partition up in its revocation
+        callback and says so in a heartbeat that lands before the callback returns (`_drop`), and the
+        coordinator assigns p to no one else before that callback has run, unless the member's session
+        expired. So a newest heartbeat that still lists p means the member died or stalled holding it.
+        (Comparing its silence with the session timeout instead raced the two heartbeat timers: the
+        status beat can be up to an interval younger than the group heartbeat the coordinator went by.)"""
+        return p in (self._beats.get(member, {}).get("owned") or [])
 
     def seek(self, p: int, offset: int) -> None:
         self.consumer.seek(TopicPartition(self.topic, p, offset))

@@ -180,7 +180,7 @@ class Admitter:
             log.warning("commands partition %d: decided up to offset %d, tasks still to write", p, pending.through)
         previous = self.ownership.previous_owner(p)
         self.ownership.beat()  # say so at once: whoever takes over after a crash knows whom from
-        if (previous is not None and not self.ownership.alive(previous)) or (previous is None and orphaned):
+        if (previous is not None and self.ownership.abandoned(previous, p)) or (previous is None and orphaned):
             # its previous owner is gone (or unknown, and left commands uncommitted): a takeover
             self.stats.takeovers.append(
                 {"partition": p, "from": previous or "?", "at_ms": int(time.time() * 1000), "orphaned": orphaned}

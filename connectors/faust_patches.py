@@ -119,3 +119,33 @@ def as_current_event(event: Any) -> Any:
             streams._current_event.reset(token)
 
     return current()
+
+
+_HEARTBEAT_MARK = "_taskstream_heartbeats"
+_heard: list[Any] = []  # what track_heartbeats was given
+
+
+def track_heartbeats(heard: Any) -> None:
+    """Call `heard(sent_at)` (monotonic) for every group heartbeat the coordinator answered: the member
+    was still in the group when it was sent (streams/tenure.py). aiokafka keeps its last good heartbeat
+    in a local of its heartbeat loop; its `GroupCoordinator._do_heartbeat` returns True for an answer
+    that keeps the membership (none, or a rebalance under way)."""
+    import time
+
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+
+    _heard.append(heard)
+    original = GroupCoordinator._do_heartbeat
+    if getattr(original, _HEARTBEAT_MARK, False):
+        return
+
+    async def _do_heartbeat(self: Any) -> bool:
+        sent = time.monotonic()
+        ok = bool(await original(self))
+        if ok:
+            for listener in _heard:
+                listener(sent)
+        return ok
+
+    setattr(_do_heartbeat, _HEARTBEAT_MARK, True)
+    GroupCoordinator._do_heartbeat = _do_heartbeat  # type: ignore[method-assign]

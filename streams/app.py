@@ -21,6 +21,7 @@ from taskstream.connectors.faust_patches import (
     as_current_event,
     read_committed_only,
     seek_uncommitted_to_beginning,
+    track_heartbeats,
 )
 from taskstream.connectors.kafka import faust_app_id, make_codec
 from taskstream.connectors.keeper import Keeper
@@ -30,6 +31,7 @@ from taskstream.schemas.records import TimerFired
 from taskstream.streams.context import Context
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.runner import Runners
+from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
 from taskstream.streams.worker import ClaimWaiter, Executor, InOrderAcks
 
@@ -81,10 +83,15 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     due_index = TimerIndex()
     lifecycle_holder: dict[str, Lifecycle] = {}
+    tenure = Tenure(s.worker_session_timeout_ms / 1000)  # the lifecycle writes only while it holds
+    track_heartbeats(tenure.heard)
 
     def lifecycle() -> Lifecycle:
         if "l" not in lifecycle_holder:
-            lifecycle_holder["l"] = Lifecycle(ctx(), tasks, timers, due_index, lambda m: as_current_event(m.event))
+            lifecycle_holder["l"] = Lifecycle(
+                ctx(), tasks, timers, due_index, lambda m: as_current_event(m.event), tenure,
+                lambda m: m.event.message.tp in app.consumer.assignment(),
+            )  # fmt: skip
         return lifecycle_holder["l"]
 
     @app.agent(owned, name="lifecycle")
@@ -124,6 +131,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def _revoked(_sender: Any, *_: Any, **__: Any) -> None:
+        tenure.rebalance_begun()
         in_order.rebalanced()  # what was taken is delivered again from the commits (InOrderAcks)
 
     async def claimer(work: asyncio.Queue[Any], acks: Any) -> None:
@@ -173,6 +181,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         # the waiting tasks ask their prerequisites again soon, not after their next recheck_ms.
         rebalanced[0] = time.monotonic()
         rebuilt[0] = 0.0
+        tenure.rebalance_completed()
 
     @app.timer(interval=0.25)
     async def fire_timers() -> None:

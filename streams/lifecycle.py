@@ -26,6 +26,7 @@ from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
 from taskstream.streams.context import EVENT_HEADER, Context, unit_random
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
+from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
 
 from taskstream.core import commands as c
@@ -55,7 +56,14 @@ class _Batch:
 
 class Lifecycle:
     def __init__(
-        self, ctx: Context, tasks: Any, timers: Any, index: TimerIndex | None = None, as_event: Any = None
+        self,
+        ctx: Context,
+        tasks: Any,
+        timers: Any,
+        index: TimerIndex | None = None,
+        as_event: Any = None,
+        tenure: Tenure | None = None,
+        holds: Any = None,
     ) -> None:
         self.ctx = ctx
         self.tasks = tasks  # faust Table: task id (bytes) -> TaskRecord JSON
@@ -65,6 +73,10 @@ class Lifecycle:
         self.as_event = as_event or (lambda _message: contextlib.nullcontext())
         self._batch: _Batch | None = None
         self._message: Any = None  # the batch's message being handled
+        # tenure: whether this worker's membership is confirmed (streams/tenure.py); holds(message):
+        # whether its partition is still this worker's. Without them (tests), every write goes ahead.
+        self.tenure = tenure
+        self.holds = holds or (lambda _message: True)
 
     def load(self, task_id: str) -> TaskRecord:
         key = task_id.encode()
@@ -87,7 +99,13 @@ class Lifecycle:
     # -- inputs ----------------------------------------------------------------------------------------
     async def on_batch(self, messages: list[Any], events_topic: str, guard: Any) -> None:
         """Handle messages in order, each through `guard(message, handling)` (which dead-letters a
-        message whose handling raises), then write what they decided, wait for it, and save."""
+        message whose handling raises), then write what they decided, wait for it, and save.
+
+        Nothing is written until the group has confirmed this worker's membership since (`Tenure`): a
+        worker let go on while frozen would otherwise write what it decided from its stale table after
+        the new owner's writes. If a rebalance came in between, nothing of the batch is written: the
+        messages of partitions still held are decided again, against the table as it is now."""
+        rebalances = self.tenure.completed if self.tenure is not None else 0
         batch = self._batch = _Batch()
         try:
             for message in messages:
@@ -95,6 +113,13 @@ class Lifecycle:
                 await guard(message, self.on_message(message, events_topic))
         finally:
             self._batch = self._message = None
+        if self.tenure is not None and await self.tenure.settled() != rebalances:
+            kept = [m for m in messages if self.holds(m)]
+            log.info("a rebalance came before a batch was written: %d of %d input(s) decided again",
+                     len(kept), len(messages))  # fmt: skip
+            if kept:
+                await self.on_batch(kept, events_topic, guard)
+            return
         await self.ctx.send_all(self.ctx.packed(batch.sends))  # durable first (events packed) ...
         for key, raw in batch.tasks.items():  # ... then remembered
             with self.as_event(batch.source[key]):

@@ -126,8 +126,9 @@ def rows(stack: Stack, sid: str) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
-def history(stack: Stack, task_ids: set[str]) -> dict[str, list[r.EventRecord]]:
-    """Every committed event of these tasks, from the log, in log order per task, each version once."""
+def history(stack: Stack, task_ids: set[str], forks: bool = False) -> dict[str, list[r.EventRecord]]:
+    """Every committed event of these tasks, from the log, in log order per task, each version once
+    (`forks`: and a different event under a version already seen, instead of failing on it)."""
     s = stack.settings
     codec = make_codec(s)
     c = consumer(s, f"dispatch-{uuid.uuid4()}")
@@ -142,6 +143,9 @@ def history(stack: Stack, task_ids: set[str]) -> dict[str, list[r.EventRecord]]:
                     continue
                 # a record written again after a takeover is the same event (ids are <task>:<version>);
                 # readers skip it. Two different events under one version would be a fork of the history.
+                if ev.event_id in seen and forks and seen[ev.event_id].payload != ev.payload:
+                    out[ev.task_id].append(ev)
+                    continue
                 if ev.event_id in seen:
                     assert seen[ev.event_id].payload == ev.payload, f"version fork: {seen[ev.event_id]} vs {ev}"
                     continue
@@ -150,6 +154,14 @@ def history(stack: Stack, task_ids: set[str]) -> dict[str, list[r.EventRecord]]:
     finally:
         c.close()
     return out
+
+
+def story(stack: Stack, task_id: str) -> str:
+    """A task's history, one line per version (for a failing test's message)."""
+    return "\n".join(
+        f"v{ev.version} {type(ev.payload).__name__} by {ev.node} at {ev.event_ms}: {ev.payload}"
+        for ev in history(stack, {task_id}, forks=True)[task_id]
+    )
 
 
 def alive(pid: int) -> bool:
@@ -248,7 +260,11 @@ def test_a_report_under_an_expired_lease_is_refused_and_recorded(workerless: Sta
         )
     finally:
         victim.send_signal(signal.SIGCONT)
-    wait_until(lambda: any(st == "SUCCEEDED" for _, st, *_ in rows(workerless, sid)), 90, "the task to succeed")
+    try:
+        wait_until(lambda: any(st == "SUCCEEDED" for _, st, *_ in rows(workerless, sid)), 90, "the task to succeed")
+    except AssertionError as err:
+        logs = "\n".join(workers.log(i)[-4000:] for i in (0, 1))
+        raise AssertionError(f"{err}\n{story(workerless, tid)}\n{logs}") from None
 
     # the frozen worker's process ran on and ended; thawed, the worker reports under the expired claim
     def refused() -> list[Any]:

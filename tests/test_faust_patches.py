@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
 from faust.transport.consumer import Consumer
 from faust.types import TP
-from taskstream.connectors.faust_patches import ack_processed_only
+from taskstream.connectors.faust_patches import ack_processed_only, track_heartbeats
 from taskstream.streams.worker import InOrderAcks
 
 
@@ -150,3 +152,31 @@ def test_after_a_rebalance_never_committed_partitions_of_our_topics_are_read_fro
     got = asyncio.run(AIOKafkaConsumerThread.seek_to_committed(Thread()))  # type: ignore[arg-type]
     assert got == committed  # Faust still gets the committed offsets
     assert sorted(aio.sought) == [queue0, queue2]
+
+
+def test_an_answered_heartbeat_is_reported_with_when_it_was_sent_and_a_refused_one_is_not() -> None:
+    """On aiokafka's own GroupCoordinator._do_heartbeat, its broker answer faked: no error, a rebalance
+    under way (still a member), an unknown member (let go on)."""
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+
+    heard: list[float] = []
+    track_heartbeats(heard.append)
+    track_heartbeats(heard.append)  # installed once: a second listener, not a second wrapper
+
+    def coordinator(error_code: int) -> Any:
+        async def send_req(_request: Any) -> Any:
+            await asyncio.sleep(0.01)
+            return SimpleNamespace(error_code=error_code)
+
+        return SimpleNamespace(
+            group_id="g", generation=3, member_id="m", _send_req=send_req,
+            request_rejoin=lambda: None, reset_generation=lambda: None,
+        )  # fmt: skip
+
+    before = time.monotonic()
+    assert asyncio.run(GroupCoordinator._do_heartbeat(coordinator(0))) is True
+    assert len(heard) == 2 and heard[0] == heard[1] and before <= heard[0] <= time.monotonic() - 0.01
+    assert asyncio.run(GroupCoordinator._do_heartbeat(coordinator(27))) is True  # RebalanceInProgress
+    assert len(heard) == 4
+    assert asyncio.run(GroupCoordinator._do_heartbeat(coordinator(25))) is False  # UnknownMemberId
+    assert len(heard) == 4

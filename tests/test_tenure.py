@@ -1,0 +1,129 @@
+"""The fence against a zombie owner (streams/tenure.py): a worker writes what it decided only while the
+group has confirmed its membership, and a batch decided across a rebalance is decided again for the
+partitions still held (pure parts: a fake clock, a lifecycle over dicts)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from taskstream.schemas import records as r
+from taskstream.streams.lifecycle import Lifecycle
+from taskstream.streams.state_codec import TaskRecord, dumps, loads
+from taskstream.streams.tenure import Tenure
+
+from taskstream.core import events as e
+from taskstream.core.model import Status, TaskSpec, TaskState
+from tests.test_context import make_context
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_membership_is_current_within_half_a_session_of_the_last_answered_heartbeat() -> None:
+    clock = Clock()
+    t = Tenure(6.0, clock)
+    assert t.current()
+    clock.now += 3.1
+    assert not t.current(), "3.1 s without a confirmed heartbeat, with a 6 s session"
+    t.heard(clock.now - 0.5)
+    assert t.current()
+    t.heard(clock.now - 10)  # an older heartbeat answered late does not move it back
+    assert t.current()
+    t.rebalance_begun()
+    assert not t.current(), "no writes while a rebalance is going on"
+    clock.now += 10
+    t.rebalance_completed()
+    assert t.current() and t.completed == 1, "a completed rebalance confirms the membership"
+
+
+def test_a_frozen_worker_holds_its_writes_until_a_heartbeat_is_answered() -> None:
+    clock = Clock()
+    t = Tenure(6.0, clock)
+    clock.now += 60  # thawed after a minute
+
+    async def scenario() -> tuple[bool, int]:
+        waiting = asyncio.ensure_future(t.settled(poll_s=0.001))
+        await asyncio.sleep(0.02)
+        held = not waiting.done()
+        t.heard(clock.now)
+        return held, await asyncio.wait_for(waiting, 1)
+
+    held, completed = asyncio.run(scenario())
+    assert held and completed == 0
+
+
+SPEC = TaskSpec("job", "acme", ("true",))
+
+
+def queued(task_id: str) -> bytes:
+    return dumps(TaskRecord(TaskState(task_id, Status.QUEUED, 4, SPEC, "sub", attempt=1)))
+
+
+class Recording:
+    """A Context that keeps what it would send."""
+
+    def __init__(self) -> None:
+        self.ctx = make_context(partitions=4)
+        self.sent: list[tuple[Any, str, Any]] = []
+
+        async def send_all(sends: list[tuple[Any, str, Any]]) -> None:
+            self.sent.extend(sends)
+
+        self.ctx.send_all = send_all  # type: ignore[method-assign]
+
+    def message(self, task_id: str, body: Any, input_id: str) -> Any:
+        rec = self.ctx.input(task_id, 5_000, body, input_id)
+        value = self.ctx.codec.encode(rec)
+        return SimpleNamespace(topic=self.ctx.settings.topic("task-inputs"), value=value, task_id=task_id)
+
+
+async def _guard(_message: Any, handling: Any) -> None:
+    await handling
+
+
+def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_still_held() -> None:
+    rec = Recording()
+    tasks = {b"kept": queued("kept"), b"lost": queued("lost")}
+    timers: dict[bytes, bytes] = {}
+    tenure = Tenure(6.0)
+    held = {"kept", "lost"}
+    lc = Lifecycle(rec.ctx, tasks, timers, tenure=tenure, holds=lambda m: m.task_id in held)
+    messages = [
+        rec.message("kept", r.ClaimRequest(1, "w0", "c-kept"), "claim-kept"),
+        rec.message("lost", r.ClaimRequest(1, "w0", "c-lost"), "claim-lost"),
+    ]
+
+    async def rebalancing_guard(message: Any, handling: Any) -> None:
+        await handling
+        if message.task_id == "lost":  # the group moves "lost" away while the batch is decided
+            tenure.rebalance_begun()
+            held.discard("lost")
+            asyncio.get_running_loop().call_later(0.05, tenure.rebalance_completed)
+
+    asyncio.run(lc.on_batch(messages, rec.ctx.settings.topic("events"), rebalancing_guard))
+
+    members = [m for _, _, x in rec.sent if isinstance(x, r.EventRecord) for m in r.task_events(x)]
+    assert {m.task_id for m in members} == {"kept"}, "nothing written for the partition given away"
+    claimed = [m for m in members if isinstance(m.payload, e.TaskClaimed)]
+    assert [m.payload.claim_id for m in claimed] == ["c-kept"]
+    assert loads(tasks[b"kept"]).state.status is Status.CLAIMED
+    assert tasks[b"lost"] == queued("lost"), "the record given away is left as the group found it"
+    assert b"lost" not in timers and b"kept" in timers
+
+
+def test_without_a_rebalance_the_batch_is_written_once() -> None:
+    rec = Recording()
+    tasks = {b"a": queued("a")}
+    lc = Lifecycle(rec.ctx, tasks, {}, tenure=Tenure(6.0), holds=lambda m: pytest.fail("not asked"))
+    asyncio.run(lc.on_batch([rec.message("a", r.ClaimRequest(1, "w0", "c"), "i")], "events", _guard))
+    members = [m for _, _, x in rec.sent if isinstance(x, r.EventRecord) for m in r.task_events(x)]
+    assert [type(m.payload) for m in members] == [e.TaskClaimed]
+    assert loads(tasks[b"a"]).state.claim is not None

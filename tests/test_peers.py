@@ -1,0 +1,51 @@
+"""The peers benchmark cannot rot: its short mode runs every workload on taskstream and on each peer,
+and every pair has a figure (or the peer says why it cannot express the workload). Not the figures'
+values: those belong to the benchmark (bench/peers.py, docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, jvm_problem
+
+SYSTEMS = ("taskstream", "celery", "pgqueuer", "procrastinate")
+WORKLOADS = ("burn_pre", "burn_live", "chain", "fan", "random_dag")
+
+
+def test_the_quick_peers_run_has_a_figure_for_every_workload_on_every_system(tmp_path: Path) -> None:
+    if why := jvm_problem():
+        pytest.skip(f"taskstream's side runs on Apache Kafka and Neo4j, which cannot run here: {why}")
+    out = tmp_path / "peers.json"
+    done = subprocess.run(
+        [sys.executable, "bench/peers.py", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["quick"] is True and set(report["durability"]) == set(SYSTEMS)
+    for workload in WORKLOADS:
+        for system in SYSTEMS:
+            fig = report["workloads"][workload][system]
+            if "unable" in fig:
+                assert system != "taskstream", f"taskstream could not run {workload}"
+                assert fig["unable"], f"{system} is unable to run {workload} without saying why"
+                continue
+            assert fig["failed_runs"] == 0, (workload, system, fig)
+            assert fig["tasks_per_second"]["median"] > 0, (workload, system, fig)
+            assert all(run["ran"] == run["tasks"] for run in fig["runs"]), (workload, system, fig["runs"])
+            assert fig["worker_peak_rss_mib"]["median"] > 0 and fig["worker_cpu_ms_per_task"]["median"] > 0
+    able = {s for s in SYSTEMS[1:] for w in WORKLOADS if "unable" not in report["workloads"][w][s]}
+    assert able == set(SYSTEMS[1:]), "every peer ran some workload"
+    ratios = report["ratios_taskstream_over_peer"]
+    assert ratios["burn_live"]["celery"] is not None and ratios["random_dag"]["celery"] is None
+    for plot in ("throughput", "cpu"):
+        assert (tmp_path / f"peers-{plot}.png").stat().st_size > 1000

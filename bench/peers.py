@@ -1,6 +1,6 @@
 """Benchmark: taskstream side by side with the schedulers people use today, on this machine, one at a time.
 
-    python bench/peers.py [--quick] [--runs 3] [--systems taskstream,celery,pgqueuer,procrastinate]
+    python bench/peers.py [--quick] [--setup] [--runs 3] [--systems taskstream,celery,pgqueuer,procrastinate]
                           [--workloads burn_pre,burn_live,chain,fan,random_dag] [--out FILE]
 
 It makes the peers' own environment first (bench/.peers-env, from bench/peers-requirements.txt: Celery
@@ -20,7 +20,8 @@ A system with no way to express a workload is marked unable, with why. taskstrea
 stack (Kafka, Neo4j, PostgreSQL) with one worker of 4 slots running no-op callables (`os:getpid`); the
 peers run one worker of concurrency 4 (pgqueuer: async handlers in one process). Every figure comes with
 the worker's CPU seconds and peak RSS, and each service's CPU seconds over the run. The durability
-settings of each system are in the results (DURABILITY). --quick: small sizes, one run (the test runs it).
+settings of each system are in the results (DURABILITY). --quick: small sizes, one run (the test runs it);
+--setup: only make the peers' environment (the README's test command does, before the suite).
 Writes bench/results/peers.json (peers-quick.json with --quick) and the plots
 bench/results/peers-*.png.
 """
@@ -55,7 +56,7 @@ CONCURRENCY = 4
 DURABILITY = {
     "taskstream": "Kafka 4.1 (KRaft, one broker): acks=all, its default flush policy (the OS writes back); "
     "admission in Kafka transactions; PostgreSQL projection with synchronous_commit on",
-    "celery": "Redis 6.2 with appendonly yes, appendfsync everysec; task_acks_late, "
+    "celery": "Redis 6.2.14 with appendonly yes, appendfsync everysec; task_acks_late, "
     "task_reject_on_worker_lost, prefetch multiplier 1",
     "pgqueuer": "PostgreSQL defaults (fsync on, synchronous_commit on); pgqueuer's durable tables",
     "procrastinate": "PostgreSQL defaults (fsync on, synchronous_commit on)",
@@ -318,6 +319,7 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | No
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, one run (under 3 minutes)")
+    ap.add_argument("--setup", action="store_true", help="only make the peers' environment, then stop")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -332,6 +334,9 @@ def main() -> int:
     sizes, runs = (QUICK, 1) if args.quick else (FULL, args.runs)
     out = args.out or RESULTS / ("peers-quick.json" if args.quick else "peers.json")
     py = peers_python()
+    if args.setup:
+        print(f"the peers' environment is ready: {ENV}")
+        return 0
     results: dict[str, dict[str, Any]] = {w: {} for w in workloads}
     started = time.monotonic()
     svc = Services(py) if set(systems) - {"taskstream"} else None

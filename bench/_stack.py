@@ -77,6 +77,38 @@ def services(env: dict[str, str]) -> dict[str, int]:
     return {name: v["pid"] for name, v in status["services"].items() if v.get("pid")}
 
 
+def descendants(pid: int) -> list[int]:
+    """pid and every process under it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def tree_rss(pid: int) -> float:
+    """The resident memory of pid and every process under it, in MiB."""
+    total = 0
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")), 0)
+        except OSError:
+            continue
+    return total / 1024
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         parts = f.read().rsplit(")", 1)[1].split()

@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _stack import tree_rss  # noqa: E402 (bench/'s own helpers, stdlib only)
+
 WORKLOADS = ("burn_pre", "burn_live", "chain", "fan")
 QUEUE = "bench"
 
@@ -145,34 +148,6 @@ def worker_argv(system: str, concurrency: int) -> list[str]:
     raise SystemExit(f"unknown system {system!r}")
 
 
-def tree(pid: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, []))
-    return out
-
-
-def rss_mib(pids: list[int]) -> float:
-    total = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next((int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")), 0)
-        except OSError:
-            continue
-    return total / 1024
-
-
 class Worker:
     """The system's worker, its processes' peak RSS sampled while it runs, its CPU from wait4."""
 
@@ -185,7 +160,7 @@ class Worker:
         self.peak = 0.0
 
     def sample(self) -> None:
-        self.peak = max(self.peak, rss_mib(tree(self.proc.pid)))
+        self.peak = max(self.peak, tree_rss(self.proc.pid))
         if self.proc.poll() is not None:
             raise SystemExit(f"the worker exited ({self.proc.returncode}); its log: {self.log.name}")
 

@@ -41,7 +41,17 @@ import venv
 from pathlib import Path
 from typing import Any
 
-from _stack import embedded_stack, free_port, services, settings_of, start_worker, summary, when, write_report
+from _stack import (
+    embedded_stack,
+    free_port,
+    services,
+    settings_of,
+    start_worker,
+    summary,
+    tree_rss,
+    when,
+    write_report,
+)
 from throughput import NOOP, tree_cpu
 
 HERE = Path(__file__).resolve().parent
@@ -268,19 +278,6 @@ class Taskstream:
         self.client.close()
         self.conn.close()
         self.stack.__exit__(None, None, None)
-
-
-def tree_rss(pid: int) -> float:
-    from throughput import descendants
-
-    total = 0
-    for p in descendants(pid):
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next((int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")), 0)
-        except OSError:
-            continue
-    return total / 1024
 
 
 # -- the report ----------------------------------------------------------------------------------------

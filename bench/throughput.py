@@ -30,32 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _stack import embedded_stack, kinds, services, settings_of, summary, when, write_report
+from _stack import descendants, embedded_stack, kinds, services, settings_of, summary, when, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 GIVE_UP_S = 1800.0
 NOOP = {"call": "os:getpid"}
-
-
-def descendants(pid: int) -> list[int]:
-    """pid and every process under it."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
 
 
 def tree_cpu(pid: int) -> float:

@@ -353,6 +353,37 @@ def test_many_submissions_sent_at_once_are_each_decided_and_run(stack: Stack) ->
         assert list(got) == [f"{tag}-{i}"] and got[f"{tag}-{i}"]["status"] == "SUCCEEDED"
 
 
+def test_submissions_sent_one_call_each_reuse_the_partition_end_and_each_decision_is_found(stack: Stack) -> None:
+    """Client.submit one at a time: the end of a decision's partition learnt for one send is taken again
+    for the next within END_REUSE_S (no broker round trip each), and an earlier end still finds every
+    decision (the client reads on from it to the decision with its command id)."""
+    from taskstream.core.submission import parse_document
+    from taskstream.sdk import Client
+
+    class Counted:  # the client's reader, its end-offset queries (broker round trips) counted
+        def __init__(self, reader: Any) -> None:
+            self.reader, self.queries = reader, 0
+
+        def get_watermark_offsets(self, *args: Any, **kwargs: Any) -> Any:
+            self.queries += 1
+            return self.reader.get_watermark_offsets(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.reader, name)
+
+    tag = uuid.uuid4().hex[:6]
+    docs = [{"tenant": "acme", "tasks": [{"name": f"{tag}-{i}", "call": "os:getpid"}]} for i in range(12)]
+    with Client(stack.settings, issuer="test") as client:
+        sent = [client.submit(parse_document(docs[0]))]
+        counted = client._reader = Counted(client._reader)
+        sent += [client.submit(parse_document(d)) for d in docs[1:]]
+        outcomes = [client.wait_outcome(sid, 60, cid) for cid, sid in sent]
+    assert not any(cid in client._marks for cid, _ in sent), "a decision was not read on from its mark"
+    assert counted.queries < 11, f"{counted.queries} end-offset queries for 11 sends one after another"
+    assert [o.accepted for o in outcomes] == [True] * 12
+    assert sorted(n for o in outcomes for n in o.task_ids) == sorted(f"{tag}-{i}" for i in range(12))
+
+
 def test_a_task_queued_again_after_it_ran_is_not_run_again_and_holds_up_nothing(stack: Stack) -> None:
     """A queue record seen twice (a task queued again by the requeue timer, or a duplicate) is skipped
     by the worker that claimed it: the task runs once, and the worker's executors are free at once

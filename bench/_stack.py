@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -77,8 +77,8 @@ def services(env: dict[str, str]) -> dict[str, int]:
     return {name: v["pid"] for name, v in status["services"].items() if v.get("pid")}
 
 
-def descendants(pid: int) -> list[int]:
-    """pid and every process under it."""
+def children_map() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -89,6 +89,12 @@ def descendants(pid: int) -> list[int]:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """pid and every process under it (`children`: a children_map() taken already)."""
+    children = children_map() if children is None else children
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -97,16 +103,41 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def tree_rss(pid: int) -> float:
+def tree_rss(pid: int, children: dict[int, list[int]] | None = None) -> float:
     """The resident memory of pid and every process under it, in MiB."""
     total = 0
-    for p in descendants(pid):
+    for p in descendants(pid, children):
         try:
             with open(f"/proc/{p}/status") as f:
                 total += next((int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")), 0)
         except OSError:
             continue
     return total / 1024
+
+
+class PeakRss:
+    """The peak resident memory of named process trees, sampled when asked (at most every `every` s)."""
+
+    def __init__(self, pids: dict[str, int], every: float = 0.5) -> None:
+        self.pids, self.every = dict(pids), every
+        self.peak = dict.fromkeys(pids, 0.0)
+        self.last = 0.0
+
+    def watch(self, name: str, pid: int) -> None:
+        """Samples one more process tree from now on."""
+        self.pids[name] = pid
+        self.peak.setdefault(name, 0.0)
+
+    def sample(self) -> None:
+        if time.monotonic() - self.last < self.every:
+            return
+        self.last = time.monotonic()
+        children = children_map()
+        for name, pid in self.pids.items():
+            self.peak[name] = max(self.peak[name], tree_rss(pid, children))
+
+    def mib(self) -> dict[str, float]:
+        return {name: round(v, 1) for name, v in self.peak.items()}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -135,6 +166,33 @@ def summary(values: list[float]) -> dict[str, Any]:
         "max": round(max(vals), 3),
         "runs": [round(v, 3) for v in vals],
     }
+
+
+def percentiles_ms(seconds: list[float]) -> dict[str, float | None]:
+    """p50, p90 and p99 of latencies given in seconds, in milliseconds (None for none)."""
+    vals = sorted(seconds)
+
+    def at(q: float) -> float | None:
+        return round(vals[min(len(vals) - 1, int(q * len(vals)))] * 1000, 1) if vals else None
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
+
+
+def open_loop(rate: float, n: int, send: Callable[[float], None]) -> tuple[float, float]:
+    """Sends n tasks open loop at `rate` per second: the i-th is due at start + i / rate and sent then,
+    send(due), or at once if the sender is behind (its latency counts from `due` all the same). Returns
+    (the start, the sender's worst lateness in seconds)."""
+    start = time.time() + 0.1
+    late = 0.0
+    for i in range(n):
+        due = start + i / rate
+        pause = due - time.time()
+        if pause > 0:
+            time.sleep(pause)
+        else:
+            late = max(late, -pause)
+        send(due)
+    return start, late
 
 
 def when() -> str:

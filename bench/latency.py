@@ -23,19 +23,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _stack import embedded_stack, kinds, settings_of, when, write_report
+from _stack import embedded_stack, kinds, percentiles_ms, settings_of, when, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 NOOP = {"call": "os:getpid"}
 HOPS = ("send_to_admitted", "admitted_to_queued", "queued_to_claimed", "claimed_to_started")
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    vals = sorted(values)
-    return round(vals[min(len(vals) - 1, int(q * len(vals)))] * 1000, 1)  # ms
 
 
 def one_task(tag: str) -> Any:
@@ -112,11 +105,7 @@ def main() -> int:
                     levels[f"{int(share * 100)}%"] = {
                         "rate_tasks_per_s": round(rate, 2),
                         "tasks": len(rows),
-                        "submit_to_start_ms": {
-                            "p50": pct(latency, 0.5),
-                            "p90": pct(latency, 0.9),
-                            "p99": pct(latency, 0.99),
-                        },
+                        "submit_to_start_ms": percentiles_ms(latency),
                         "hop_median_ms": {h: round(statistics.median(v) * 1000, 1) for h, v in hops.items() if v},
                     }
                     print(f"{kind} {int(share * 100)}%: {levels[f'{int(share * 100)}%']}", flush=True)

@@ -9,6 +9,13 @@ send (or, pre-enqueued, from the worker's start) to the last completion, how man
 worker's CPU seconds and peak RSS (all its processes). A workload a system cannot express prints
 {"unable": why}. The tasks do nothing but record that they ran where the driver can count them.
 
+burn_single sends its N tasks one call each (the system's plain submit, no batch API). latency sends
+one-call tasks open loop at each of --rates (tasks/s) for --seconds: task i of a level is due at the
+level's start + i / rate and sent then (late if the sender fell behind: the lateness counts). Each
+latency task appends its intended send time and its start time to BENCH_LATENCY_FILE; a level's
+submit -> start latencies are start - intended, and the next level begins when every task of this
+one has run.
+
 This module is also the peers' application: the workers import `celery_app`, `pgqueuer_main` and
 `procrastinate_app` from it (each made on first use, so one peer's imports never need another's).
 """
@@ -29,13 +36,24 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _stack import tree_rss  # noqa: E402 (bench/'s own helpers, stdlib only)
+from _stack import open_loop, percentiles_ms, tree_rss  # noqa: E402 (bench/'s own helpers, stdlib only)
 
-WORKLOADS = ("burn_pre", "burn_live", "chain", "fan")
+WORKLOADS = ("burn_pre", "burn_live", "burn_single", "latency", "chain", "fan")
 QUEUE = "bench"
 
 
 # -- the applications, as each system's worker imports them ---------------------------------------------
+def started(intended: float) -> None:
+    """A latency task's first act: its intended send time and now, one line appended (a line of a few
+    dozen bytes written with O_APPEND is not interleaved with another process's)."""
+    line = f"{float(intended)!r} {time.time()!r}\n".encode()
+    fd = os.open(os.environ["BENCH_LATENCY_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
 def _celery() -> Any:
     import redis
     from celery import Celery
@@ -63,6 +81,11 @@ def _celery() -> Any:
     def noop() -> None:
         ran()
 
+    @app.task(name="lat", ignore_result=True)
+    def lat(intended: float) -> None:
+        started(intended)
+        ran()
+
     @app.task(name="step", ignore_result=False)
     def step(*_: Any) -> None:  # a link of a chain or a chord: its result is what the next one waits on
         ran()
@@ -86,6 +109,10 @@ async def _pgqueuer() -> Any:
     async def noop(job: Any) -> None:
         return None
 
+    @pgq.entrypoint("lat")
+    async def lat(job: Any) -> None:
+        started(float(job.payload))
+
     @pgq.entrypoint("chain")
     async def chain(job: Any) -> None:  # each link enqueues the next: pgqueuer has no chains
         left = int(job.payload or b"0")
@@ -107,6 +134,10 @@ def _procrastinate() -> Any:
     @app.task(name="noop", queue=QUEUE)
     def noop() -> None:
         return None
+
+    @app.task(name="lat", queue=QUEUE)
+    def lat(intended: float) -> None:
+        started(intended)
 
     # each link defers the next: procrastinate has no chains. (A sync task: an async one deferring
     # with defer_async took 1 s a link here, against 0.27 s.)
@@ -199,6 +230,10 @@ class Celery:
     def send(self, workload: str, n: int) -> int:
         """Sends the workload; the number of tasks it runs."""
         noop, step = self.app.tasks["noop"], self.app.tasks["step"]
+        if workload == "burn_single":
+            for _ in range(n):
+                noop.delay()
+            return n
         if workload in ("burn_pre", "burn_live"):
             with self.app.producer_or_acquire() as producer:
                 for _ in range(n):
@@ -215,6 +250,12 @@ class Celery:
         (step.si() | chord(group(step.si() for _ in range(n)), step.si())).apply_async()
         return n + 2
 
+    def one(self, intended: float) -> None:
+        self.app.tasks["lat"].delay(intended)
+
+    def close(self) -> None:
+        pass
+
 
 class PgQueuer:
     unable = {"fan": "no way to run a task after a group of others (no chords, no dependencies)"}
@@ -225,6 +266,30 @@ class PgQueuer:
         pgq = str(Path(sys.executable).parent / "pgq")
         subprocess.run([pgq, "uninstall"], env=env, capture_output=True, check=False)
         subprocess.run([pgq, "install"], env=env, capture_output=True, check=True)
+        self.loop = asyncio.new_event_loop()  # one connection for calls one at a time (burn_single, latency)
+        self.conn: Any = None
+        self.queries: Any = None
+
+    def _call(self, entrypoint: str, payload: bytes | None) -> None:
+        async def go() -> None:
+            if self.queries is None:
+                import asyncpg
+                from pgqueuer.db import AsyncpgDriver
+                from pgqueuer.queries import Queries
+
+                self.conn = await asyncpg.connect(self.dsn)
+                self.queries = Queries(AsyncpgDriver(self.conn))
+            await self.queries.enqueue(entrypoint, payload)
+
+        self.loop.run_until_complete(go())
+
+    def one(self, intended: float) -> None:
+        self._call("lat", repr(intended).encode())
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.loop.run_until_complete(self.conn.close())
+        self.loop.close()
 
     def done(self) -> tuple[int, float | None]:
         import psycopg
@@ -236,6 +301,11 @@ class PgQueuer:
         return int(n), float(last) if last is not None else None
 
     def send(self, workload: str, n: int) -> int:
+        if workload == "burn_single":
+            for _ in range(n):
+                self._call("noop", None)
+            return n
+
         async def go() -> None:
             import asyncpg
             from pgqueuer.db import AsyncpgDriver
@@ -269,6 +339,7 @@ class Procrastinate:
         self.app = __getattr__("procrastinate_app")
         with self.app.open():
             self.app.schema_manager.apply_schema()
+        self.opened: Any = None  # kept open for calls one at a time (latency)
 
     def done(self) -> tuple[int, float | None]:
         import psycopg
@@ -283,11 +354,24 @@ class Procrastinate:
         with self.app.open():
             if workload == "chain":
                 self.app.tasks["chain"].defer(left=n)
+            elif workload == "burn_single":
+                noop = self.app.tasks["noop"]
+                for _ in range(n):
+                    noop.defer()
             else:
                 noop = self.app.tasks["noop"]
                 for i in range(0, n, 1000):
                     noop.batch_defer(*([{}] * min(1000, n - i)))
         return n
+
+    def one(self, intended: float) -> None:
+        if not self.opened:
+            self.opened = self.app.open()
+        self.app.tasks["lat"].defer(intended=intended)
+
+    def close(self) -> None:
+        if self.opened:
+            self.app.close()
 
 
 SYSTEMS: dict[str, Any] = {"celery": Celery, "pgqueuer": PgQueuer, "procrastinate": Procrastinate}
@@ -337,14 +421,25 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--log", default=str(HERE / "results" / "peer-worker.log.tmp"))
+    ap.add_argument("--rates", default="", help="latency: the open-loop rates, tasks/s, comma-separated")
+    ap.add_argument("--seconds", type=float, default=15.0, help="latency: how long each rate is sent")
     args = ap.parse_args()
-    os.environ.update(BENCH_PG=args.pg, BENCH_REDIS=args.redis)
+    lat_file = Path(args.log).with_suffix(".latency")
+    lat_file.unlink(missing_ok=True)
+    os.environ.update(BENCH_PG=args.pg, BENCH_REDIS=args.redis, BENCH_LATENCY_FILE=str(lat_file))
     sys.path.insert(0, str(HERE))
     kind = SYSTEMS[args.system]
     if args.workload in kind.unable:
         print(json.dumps({"unable": kind.unable[args.workload]}))
         return 0
     system = kind(args)
+    if args.workload == "latency":
+        rates = [float(x) for x in args.rates.split(",") if x]
+        if not rates:
+            raise SystemExit("latency needs --rates (tasks/s, comma-separated)")
+        print(json.dumps(latency(system, args, rates, lat_file)))
+        system.close()
+        return 0
     base = 0
     if args.workload == "burn_pre":  # everything enqueued first, then the worker starts
         count = system.send(args.workload, args.n)
@@ -362,7 +457,34 @@ def main() -> int:
     took = last - start if last is not None and n >= base + count else None
     out.update(tasks=count, ran=n - base, send_seconds=round(sent, 3), seconds=round(took, 3) if took else None)
     print(json.dumps(out))
+    system.close()
     return 0
+
+
+def latency(system: Any, args: Any, rates: list[float], lat_file: Path) -> dict[str, Any]:
+    """Open loop at each rate in turn (a warm worker; each level drained before the next)."""
+    worker = Worker(args.system, args.concurrency, Path(args.log))
+    wait_for(system, worker, system.send("burn_live", 1), 120)
+    base, _ = system.done()
+    levels, seen, started_at = [], 0, time.time()
+    for rate in rates:
+        n = max(10, int(rate * args.seconds))
+        _, late = open_loop(rate, n, system.one)
+        base += n
+        ran, _ = wait_for(system, worker, base, args.timeout)
+        lines = lat_file.read_text().splitlines() if lat_file.exists() else []
+        mine = [ln.split() for ln in lines[seen:]]
+        seen = len(lines)
+        levels.append({
+            "rate_tasks_per_s": round(rate, 2), "tasks": n, "ran": len(mine),
+            "submit_to_start_ms": percentiles_ms([float(b) - float(a) for a, b in mine]),
+            "sender_late_ms_max": round(late * 1000, 1),
+        })  # fmt: skip
+    out: dict[str, Any] = worker.stop()
+    total = sum(lv["tasks"] for lv in levels)
+    out.update(levels=levels, tasks=total, ran=sum(lv["ran"] for lv in levels),
+               seconds=round(time.time() - started_at, 3))  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Benchmark: taskstream side by side with the schedulers people use today, on this machine, one at a time.
 
     python bench/peers.py [--quick] [--setup] [--runs 3] [--systems taskstream,celery,pgqueuer,procrastinate]
-                          [--workloads burn_pre,burn_live,chain,fan,random_dag] [--out FILE]
+                          [--workloads burn_pre,burn_live,burn_single,latency,chain,fan,random_dag] [--out FILE]
 
 It makes the peers' own environment first (bench/.peers-env, from bench/peers-requirements.txt: Celery
 with Redis, pgqueuer, procrastinate, matplotlib) and starts their services itself: PostgreSQL from the
@@ -12,6 +12,11 @@ workload `--runs` times:
   the last task's end;
 - burn_live: a worker running (and warm: it has run one task), N no-op tasks sent as fast as the
   system's batch API allows; from the first send to the last end;
+- burn_single: the same with one call per task (the system's plain submit): its rate is the system's
+  own maximum for the next workload;
+- latency: one-call tasks sent open loop at 25, 50 and 75% of that round's burn_single rate, for S
+  seconds each, every send due at an intended time; submit -> start from the intended time (so a
+  sender that falls behind shows as latency), p50/p90/p99 per level;
 - chain: a chain of L tasks, each after the one before; from the send to the last end;
 - fan: one task, then W after it, then one after all of those;
 - random_dag: N tasks, each after up to three random earlier ones (only a system with dependencies).
@@ -19,7 +24,7 @@ workload `--runs` times:
 A system with no way to express a workload is marked unable, with why. taskstream runs on its embedded
 stack (Kafka, Neo4j, PostgreSQL) with one worker of 4 slots running no-op callables (`os:getpid`); the
 peers run one worker of concurrency 4 (pgqueuer: async handlers in one process). Every figure comes with
-the worker's CPU seconds and peak RSS, and each service's CPU seconds over the run. The durability
+the worker's CPU seconds and peak RSS, and each service's CPU seconds and peak RSS over the run. The durability
 settings of each system are in the results (DURABILITY). --quick: small sizes, one run (the test runs it);
 --setup: only make the peers' environment (the README's test command does, before the suite).
 Writes bench/results/peers.json (peers-quick.json with --quick) and the plots
@@ -42,13 +47,15 @@ from pathlib import Path
 from typing import Any
 
 from _stack import (
+    PeakRss,
     embedded_stack,
     free_port,
+    open_loop,
+    percentiles_ms,
     services,
     settings_of,
     start_worker,
     summary,
-    tree_rss,
     when,
     write_report,
 )
@@ -59,9 +66,12 @@ RESULTS = HERE / "results"
 ENV = HERE / ".peers-env"
 REQUIREMENTS = HERE / "peers-requirements.txt"
 SYSTEMS = ("taskstream", "celery", "pgqueuer", "procrastinate")
-WORKLOADS = ("burn_pre", "burn_live", "chain", "fan", "random_dag")
-FULL = {"burn_pre": 10_000, "burn_live": 10_000, "chain": 40, "fan": 1_000, "random_dag": 10_000}
-QUICK = {"burn_pre": 200, "burn_live": 200, "chain": 10, "fan": 20, "random_dag": 200}
+WORKLOADS = ("burn_pre", "burn_live", "burn_single", "latency", "chain", "fan", "random_dag")
+# sizes: tasks (latency: seconds at each rate)
+FULL = {"burn_pre": 10_000, "burn_live": 10_000, "burn_single": 2_000, "latency": 15, "chain": 40, "fan": 1_000,
+        "random_dag": 10_000}  # fmt: skip
+QUICK = {"burn_pre": 200, "burn_live": 200, "burn_single": 50, "latency": 1, "chain": 10, "fan": 20, "random_dag": 200}
+SHARES = (0.25, 0.5, 0.75)  # latency: the open-loop rates, as shares of the system's burn_single rate
 CONCURRENCY = 4
 DURABILITY = {
     "taskstream": "Kafka 4.1 (KRaft, one broker): acks=all, its default flush policy (the OS writes back); "
@@ -146,22 +156,36 @@ class Services:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def peer_run(py: Path, svc: Services, system: str, workload: str, n: int) -> dict[str, Any]:
-    """One run of a workload on a peer (bench/peer_runs.py in the peers' environment)."""
+def peer_run(py: Path, svc: Services, system: str, workload: str, n: int, rates: list[float]) -> dict[str, Any]:
+    """One run of a workload on a peer (bench/peer_runs.py in the peers' environment); `rates`: latency's."""
     uses = {"celery": ["redis"], "pgqueuer": ["postgres"], "procrastinate": ["postgres"]}[system]
     before = svc.cpu()
+    rss = PeakRss({name: svc.procs[name].pid for name in uses})
     log = svc.dir / f"{system}-{workload}-worker.log"
-    done = subprocess.run(
-        [str(py), str(HERE / "peer_runs.py"), system, workload, "--n", str(n), "--pg", svc.pg, "--redis", svc.redis,
-         "--concurrency", str(CONCURRENCY), "--timeout", str(GIVE_UP_S), "--log", str(log)],
-        capture_output=True, text=True, timeout=GIVE_UP_S + 300,
-    )  # fmt: skip
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"{system} {workload} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    size = ["--n", str(n)]
+    if rates:  # latency: n seconds at each rate
+        size = ["--n", "0", "--seconds", str(n), "--rates", ",".join(f"{r:.3f}" for r in rates)]
+    out_file, err_file = (svc.dir / f"{system}-{workload}.{x}" for x in ("out", "err"))
+    with out_file.open("wb") as out_f, err_file.open("wb") as err_f:
+        proc = subprocess.Popen(
+            [str(py), str(HERE / "peer_runs.py"), system, workload, *size, "--pg", svc.pg, "--redis", svc.redis,
+             "--concurrency", str(CONCURRENCY), "--timeout", str(GIVE_UP_S), "--log", str(log)],
+            stdout=out_f, stderr=err_f,
+        )  # fmt: skip
+        deadline = time.monotonic() + GIVE_UP_S + 300
+        while proc.poll() is None:
+            rss.sample()
+            if time.monotonic() > deadline:
+                proc.kill()
+            time.sleep(0.1)
+    lines = [ln for ln in out_file.read_text().splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"{system} {workload} failed ({proc.returncode}):\n{err_file.read_text()[-3000:]}")
     out: dict[str, Any] = json.loads(lines[-1])
     after = svc.cpu()
-    out["service_cpu_s"] = {name: round(after[name] - before[name], 3) for name in uses}
+    if "unable" not in out:
+        out["service_cpu_s"] = {name: round(after[name] - before[name], 3) for name in uses}
+        out["service_peak_rss_mib"] = rss.mib()
     return out
 
 
@@ -172,7 +196,7 @@ def documents(workload: str, n: int, tag: str) -> tuple[dict[str, Any], int]:
     def task(name: str, after: list[str] | None = None) -> dict[str, Any]:
         return {"name": f"{tag}-{name}", **NOOP, **({"dependencies": [f"{tag}-{a}" for a in after]} if after else {})}
 
-    if workload in ("burn_pre", "burn_live"):
+    if workload in ("burn_pre", "burn_live", "burn_single"):
         tasks = [task(f"t{i}") for i in range(n)]
     elif workload == "chain":
         tasks = [task("c0")] + [task(f"c{i}", [f"c{i - 1}"]) for i in range(1, n)]
@@ -209,12 +233,17 @@ class Taskstream:
         sql = "SELECT count(*) FROM tasks WHERE name LIKE %s" + (" AND status = 'SUCCEEDED'" if succeeded else "")
         return int(self.conn.execute(sql, (f"{tag}-%",)).fetchone()[0])  # type: ignore[index]
 
-    def wait(self, tag: str, k: int, succeeded: bool, why: str) -> None:
+    def wait(self, tag: str, k: int, succeeded: bool, why: str, rss: PeakRss | None = None) -> None:
+        """Until k tasks named tag-* are in PostgreSQL (succeeded, if so asked), sampling `rss` meanwhile."""
         deadline = time.monotonic() + GIVE_UP_S
         while self.count(tag, succeeded) < k:
             if time.monotonic() > deadline:
                 raise SystemExit(f"taskstream: {why} did not happen within {GIVE_UP_S:.0f}s")
+            if rss is not None:
+                rss.sample()
             time.sleep(0.1)
+        if rss is not None:
+            rss.sample()
 
     def submit(self, doc: dict[str, Any]) -> None:
         from taskstream.core.submission import parse_document
@@ -225,49 +254,106 @@ class Taskstream:
         self.worker, self.log = start_worker(self.env, 0)
         self.worker_started = time.time()
 
-    def run(self, workload: str, n: int) -> dict[str, Any]:
+    def warm(self) -> None:
+        """The worker started (if it is not yet) and one task run by it."""
+        if self.worker is None:
+            self.start_worker()
+            warm, _ = documents("burn_live", 1, "warm")
+            self.submit(warm)
+            self.wait("warm", 1, True, "the warm-up task")
+
+    def run(self, workload: str, n: int, rates: list[float]) -> dict[str, Any]:
+        """One run of a workload (latency: n seconds at each of `rates`)."""
         self.runs += 1
         tag = f"r{self.runs}"
+        if workload == "latency":
+            return self.latency(tag, n, rates)
         doc, total = documents(workload, n, tag)
-        before = {name: tree_cpu(pid) for name, pid in self.pids.items()}
-        worker_before = tree_cpu(self.worker.pid) if self.worker else 0.0
+        rss = PeakRss(self.pids, every=0.1)
         if workload == "burn_pre":  # admitted (in the log and in PostgreSQL) before any worker runs
             if self.worker is not None:
                 raise SystemExit("burn_pre runs first on a stack: its worker must not be running yet")
+            before = self.usage()
             self.submit(doc)
-            self.wait(tag, total, False, "admission")
+            self.wait(tag, total, False, "admission", rss)
             self.start_worker()
             start = self.worker_started
         else:
-            if self.worker is None:
-                self.start_worker()
-                warm, _ = documents("burn_live", 1, "warm")
-                self.submit(warm)
-                self.wait("warm", 1, True, "the warm-up task")
-                worker_before = tree_cpu(self.worker.pid)  # type: ignore[attr-defined]
-                before = {name: tree_cpu(pid) for name, pid in self.pids.items()}
+            self.warm()
+            before = self.usage()
             start = time.time()
-            self.submit(doc)
+            if workload == "burn_single":  # one call per task
+                for task in doc["tasks"]:
+                    self.submit({"tenant": doc["tenant"], "tasks": [task]})
+            else:
+                self.submit(doc)
         sent = time.time() - start
-        assert self.worker is not None
-        peak, deadline = 0.0, time.monotonic() + GIVE_UP_S
-        while self.count(tag, True) < total and time.monotonic() < deadline:
-            peak = max(peak, tree_rss(self.worker.pid))
-            time.sleep(0.1)
+        self.await_tasks(tag, total, rss)
         ran = self.count(tag, True)
         (last,) = self.conn.execute(
             "SELECT extract(epoch FROM max(finished_at)) FROM tasks WHERE name LIKE %s", (f"{tag}-%",)
         ).fetchone()  # type: ignore[misc]
-        after = {name: tree_cpu(pid) for name, pid in self.pids.items()}
         took = float(last) - start if last is not None and ran >= total else None
+        return {**self.used(before, rss), "tasks": total, "ran": ran, "send_seconds": round(sent, 3),
+                "seconds": round(took, 3) if took else None}  # fmt: skip
+
+    def latency(self, tag: str, seconds: int, rates: list[float]) -> dict[str, Any]:
+        """One-task submissions open loop at each rate; submit -> start from TaskStarted's time (the worker's
+        clock at the start, kept in the attempt's started_at)."""
+        self.warm()
+        before, started_at = self.usage(), time.time()
+        levels: list[dict[str, Any]] = []
+        rss = PeakRss(self.pids, every=0.1)
+        for k, rate in enumerate(rates):
+            n, level = max(10, int(rate * seconds)), f"{tag}l{k}"
+            intended: dict[str, float] = {}
+
+            def send(due: float, level: str = level, intended: dict[str, float] = intended) -> None:
+                name = f"{level}-{len(intended)}"
+                intended[name] = due
+                self.submit({"tenant": "bench", "tasks": [{"name": name, **NOOP}]})
+
+            _, late = open_loop(rate, n, send)
+            self.await_tasks(level, n, rss)
+            rows = self.conn.execute(
+                "SELECT t.name, extract(epoch FROM a.started_at) FROM tasks t JOIN attempts a USING (task_id) "
+                "WHERE t.name LIKE %s AND a.attempt = 1 AND a.started_at IS NOT NULL",
+                (f"{level}-%",),
+            ).fetchall()
+            levels.append({
+                "rate_tasks_per_s": round(rate, 2), "tasks": n, "ran": len(rows),
+                "submit_to_start_ms": percentiles_ms([float(at) - intended[name] for name, at in rows]),
+                "sender_late_ms_max": round(late * 1000, 1),
+            })  # fmt: skip
+        total = sum(lv["tasks"] for lv in levels)
+        return {**self.used(before, rss), "levels": levels, "tasks": total, "ran": sum(lv["ran"] for lv in levels),
+                "seconds": round(time.time() - started_at, 3)}  # fmt: skip
+
+    def usage(self) -> dict[str, float]:
+        """CPU seconds so far of each service and of the worker (if it runs)."""
+        out = {name: tree_cpu(pid) for name, pid in self.pids.items()}
+        out["worker"] = tree_cpu(self.worker.pid) if self.worker else 0.0
+        return out
+
+    def await_tasks(self, tag: str, total: int, rss: PeakRss) -> None:
+        """Until `total` tasks named tag-* succeeded (or GIVE_UP_S), sampling the worker's and the services'
+        resident memory."""
+        assert self.worker is not None
+        rss.watch("worker", self.worker.pid)
+        deadline = time.monotonic() + GIVE_UP_S
+        while self.count(tag, True) < total and time.monotonic() < deadline:
+            rss.sample()
+            time.sleep(0.1)
+        rss.sample()
+
+    def used(self, before: dict[str, float], rss: PeakRss) -> dict[str, Any]:
+        after, peak = self.usage(), rss.mib()
+        services = [k for k in self.pids if not k.startswith("worker")]
         return {
-            "worker_cpu_s": round(tree_cpu(self.worker.pid) - worker_before, 3),
-            "worker_peak_rss_mib": round(peak, 1),
-            "tasks": total,
-            "ran": ran,
-            "send_seconds": round(sent, 3),
-            "seconds": round(took, 3) if took else None,
-            "service_cpu_s": {k: round(after[k] - before[k], 3) for k in self.pids if not k.startswith("worker")},
+            "worker_cpu_s": round(after["worker"] - before["worker"], 3),
+            "worker_peak_rss_mib": peak.get("worker", 0.0),
+            "service_cpu_s": {k: round(after[k] - before[k], 3) for k in services},
+            "service_peak_rss_mib": {k: peak[k] for k in services},
         }
 
     def close(self) -> None:
@@ -285,32 +371,64 @@ def figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if runs and "unable" in runs[0]:
         return {"unable": runs[0]["unable"]}
     secs = [r["seconds"] for r in runs if r.get("seconds")]
-    return {
+    out = {
         "tasks": runs[0]["tasks"],
         "seconds": summary(secs),
-        "tasks_per_second": summary([r["tasks"] / r["seconds"] for r in runs if r.get("seconds")]),
         "worker_cpu_ms_per_task": summary([r["worker_cpu_s"] / max(r["ran"], 1) * 1000 for r in runs]),
         "worker_peak_rss_mib": summary([r["worker_peak_rss_mib"] for r in runs]),
         "service_cpu_ms_per_task": {
             name: summary([r["service_cpu_s"][name] / max(r["ran"], 1) * 1000 for r in runs])
             for name in runs[0]["service_cpu_s"]
         },
+        "service_peak_rss_mib": {
+            name: summary([r["service_peak_rss_mib"][name] for r in runs]) for name in runs[0]["service_peak_rss_mib"]
+        },
         "failed_runs": sum(1 for r in runs if not r.get("seconds")),
         "runs": runs,
     }
+    if "levels" in runs[0]:  # latency: per level (a share of the round's burn_single rate)
+        out["levels"] = {
+            f"{int(share * 100)}%": {
+                "rate_tasks_per_s": summary([r["levels"][i]["rate_tasks_per_s"] for r in runs]),
+                **{q: summary([r["levels"][i]["submit_to_start_ms"][q] for r in runs]) for q in ("p50", "p90", "p99")},
+            }
+            for i, share in enumerate(SHARES)
+        }
+        out["failed_runs"] = sum(1 for r in runs if any(lv["ran"] < lv["tasks"] for lv in r["levels"]))
+    else:
+        out["tasks_per_second"] = summary([r["tasks"] / r["seconds"] for r in runs if r.get("seconds")])
+    return out
 
 
-def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """taskstream's median tasks/s over each peer's, per workload (above 1: taskstream is faster)."""
-    out: dict[str, dict[str, float | None]] = {}
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """taskstream's median tasks/s over each peer's, per workload (above 1: taskstream is faster); for
+    latency, taskstream's median p50 and p99 over the peer's at each level (above 1: taskstream is slower)."""
+    out: dict[str, dict[str, Any]] = {}
     for workload, by_system in results.items():
-        ours = (by_system.get("taskstream") or {}).get("tasks_per_second", {}).get("median")
+        ours = by_system.get("taskstream") or {}
         out[workload] = {}
         for system, fig in by_system.items():
-            theirs = (fig.get("tasks_per_second") or {}).get("median") if "unable" not in fig else None
-            if system != "taskstream":
-                out[workload][system] = round(ours / theirs, 3) if ours and theirs else None
+            if system == "taskstream":
+                continue
+            if workload == "latency":
+                out[workload][system] = {
+                    level: {q: _ratio(ours.get("levels", {}).get(level, {}).get(q), fig.get("levels", {})
+                                      .get(level, {}).get(q)) for q in ("p50", "p99")}
+                    for level in (fig.get("levels") or {})
+                } if "unable" not in fig else None  # fmt: skip
+                continue
+            out[workload][system] = _ratio(ours.get("tasks_per_second"), fig.get("tasks_per_second"))
     return out
+
+
+def _ratio(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> float | None:
+    a, b = (ours or {}).get("median"), (theirs or {}).get("median")
+    return round(a / b, 3) if a and b else None
+
+
+def check_workloads(workloads: list[str]) -> None:
+    if "latency" in workloads and "burn_single" not in workloads:
+        raise SystemExit("latency runs at shares of the round's burn_single rate: add burn_single to --workloads")
 
 
 def main() -> int:
@@ -328,6 +446,7 @@ def main() -> int:
         bad = [x for x in (systems if name == "system" else workloads) if x not in known]
         if bad:
             raise SystemExit(f"unknown {name}(s) {', '.join(bad)}; known: {', '.join(known)}")
+    check_workloads(workloads)
     sizes, runs = (QUICK, 1) if args.quick else (FULL, args.runs)
     out = args.out or RESULTS / ("peers-quick.json" if args.quick else "peers.json")
     py = peers_python()
@@ -343,17 +462,23 @@ def main() -> int:
             for i in range(runs):
                 # taskstream: one stack a round, burn_pre first (before its worker starts)
                 ours = Taskstream() if system == "taskstream" else None
+                rates: list[float] = []  # latency's: shares of this round's burn_single rate
                 try:
                     for workload in sorted(workloads, key=lambda w: w != "burn_pre"):
                         if got[workload] and "unable" in got[workload][0]:
                             continue
+                        if workload == "latency" and not rates:
+                            raise SystemExit(f"{system}: burn_single gave no rate for the latency run")
                         if ours is not None:
-                            one = ours.run(workload, sizes[workload])
+                            one = ours.run(workload, sizes[workload], rates if workload == "latency" else [])
                         elif workload == "random_dag":
                             one = {"unable": "no dependencies between tasks beyond chains and chords"}
                         else:
                             assert svc is not None
-                            one = peer_run(py, svc, system, workload, sizes[workload])
+                            one = peer_run(py, svc, system, workload, sizes[workload],
+                                           rates if workload == "latency" else [])  # fmt: skip
+                        if workload == "burn_single" and one.get("seconds"):
+                            rates = [one["tasks"] / one["seconds"] * share for share in SHARES]
                         got[workload].append(one)
                         print(f"{system} {workload} run {i + 1}: {json.dumps(one)}", file=sys.stderr)
                 finally:
@@ -369,6 +494,7 @@ def main() -> int:
         "quick": args.quick,
         "runs": runs,
         "sizes": {w: sizes[w] for w in workloads},
+        "latency_shares": list(SHARES),
         "concurrency": CONCURRENCY,
         "durability": {s: DURABILITY[s] for s in systems},
         "seconds_taken": round(time.monotonic() - started, 1),

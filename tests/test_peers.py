@@ -14,7 +14,8 @@ import pytest
 from tests.conftest import ROOT, jvm_problem
 
 SYSTEMS = ("taskstream", "celery", "pgqueuer", "procrastinate")
-WORKLOADS = ("burn_pre", "burn_live", "chain", "fan", "random_dag")
+WORKLOADS = ("burn_pre", "burn_live", "burn_single", "latency", "chain", "fan", "random_dag")
+LEVELS = ("25%", "50%", "75%")
 
 
 def test_the_quick_peers_run_has_a_figure_for_every_workload_on_every_system(tmp_path: Path) -> None:
@@ -40,12 +41,21 @@ def test_the_quick_peers_run_has_a_figure_for_every_workload_on_every_system(tmp
                 assert fig["unable"], f"{system} is unable to run {workload} without saying why"
                 continue
             assert fig["failed_runs"] == 0, (workload, system, fig)
-            assert fig["tasks_per_second"]["median"] > 0, (workload, system, fig)
+            if workload == "latency":  # a submit -> start figure at each level, at rates that rise
+                assert list(fig["levels"]) == list(LEVELS), (system, fig)
+                rates = [fig["levels"][lv]["rate_tasks_per_s"]["median"] for lv in LEVELS]
+                assert 0 < rates[0] < rates[1] < rates[2], (system, rates)
+                assert all(fig["levels"][lv]["p50"]["median"] > 0 for lv in LEVELS), (system, fig["levels"])
+            else:
+                assert fig["tasks_per_second"]["median"] > 0, (workload, system, fig)
             assert all(run["ran"] == run["tasks"] for run in fig["runs"]), (workload, system, fig["runs"])
             assert fig["worker_peak_rss_mib"]["median"] > 0 and fig["worker_cpu_ms_per_task"]["median"] > 0
+            services = fig["service_peak_rss_mib"]
+            assert services and all(v["median"] > 0 for v in services.values()), (workload, system, services)
     able = {s for s in SYSTEMS[1:] for w in WORKLOADS if "unable" not in report["workloads"][w][s]}
     assert able == set(SYSTEMS[1:]), "every peer ran some workload"
     ratios = report["ratios_taskstream_over_peer"]
     assert ratios["burn_live"]["celery"] is not None and ratios["random_dag"]["celery"] is None
-    for plot in ("throughput", "cpu"):
+    assert ratios["latency"]["pgqueuer"]["50%"]["p50"] is not None
+    for plot in ("throughput", "cpu", "latency"):
         assert (tmp_path / f"peers-{plot}.png").stat().st_size > 1000

@@ -165,6 +165,8 @@ def _typed(cls: type, d: dict[str, Any]) -> Any:
             r.AdmittedTask(t["task_id"], spec_from(t["spec"]), tuple(t["dependents"]), tuple(t["references"]))
             for t in kw["tasks"]
         )
+    if cls is r.Inputs:
+        kw["items"] = tuple(from_avro("input", m) for m in kw["items"])
     if cls is r.TaskEvents:
         kw["events"] = tuple(
             r.PackedEvent(
@@ -191,6 +193,7 @@ _TASK_SUBMITTED = r.NS + "TaskSubmitted"
 _TASKS_ADMITTED = r.NS + "TasksAdmitted"
 _TASK_EVENTS = r.NS + "TaskEvents"
 _SUBMIT_DAG = r.NS + "SubmitDag"
+_INPUTS = r.NS + "Inputs"
 
 
 _RESOURCES_AVRO: dict[Resources, dict[str, Any]] = {}
@@ -296,6 +299,9 @@ def to_avro(obj: Any) -> dict[str, Any]:
             "body": _union(obj.body),
             "issuer": obj.issuer,
         }
+    if type(obj) is r.InputRecord and type(obj.body) is r.Inputs:
+        items = {"items": [to_avro(m) for m in obj.body.items]}
+        return {**{k: getattr(obj, k) for k in ("input_id", "task_id", "sent_ms", "sender")}, "body": (_INPUTS, items)}
     d = _plain(obj)
     if isinstance(obj, r.EventRecord):
         d["payload"] = _union(obj.payload)
@@ -312,8 +318,13 @@ def from_avro(envelope: str, d: dict[str, Any]) -> Any:
     if envelope == "input":
         return r.InputRecord(**{**d, "body": _branch(r.INPUT_BODIES, d["body"], "input")})
     if envelope == "queued":
-        return r.QueuedTask(**{**d, "spec": spec_from(d["spec"])})
+        return _queued(d)
     raise ValueError(envelope)
+
+
+def _queued(d: dict[str, Any]) -> r.QueuedTask:
+    also = tuple(_queued(m) for m in d.get("also") or ())
+    return r.QueuedTask(**{**d, "spec": spec_from(d["spec"]), "also": also})
 
 
 def envelope_of(obj: Any) -> str:

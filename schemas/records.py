@@ -191,6 +191,10 @@ class FinishReport:
     output_tail: str
     duration_ms: int
     reason: str
+    # A run shorter than the worker's start-report delay: its start, not reported on its own, comes with
+    # its end (the owner decides the start first, at started_ms). None: the start was reported before.
+    started_ms: int | None = None
+    pid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +235,17 @@ class ReleaseClaim:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """Several inputs of one partition in one record, in order: what one worker sent at the same moment
+    (claims, reports, heartbeats of its tasks). Members are never packs themselves."""
+
+    items: tuple[InputRecord, ...]
+
+
 InputBody = (
-    ClaimRequest
+    Inputs
+    | ClaimRequest
     | StartReport
     | FinishReport
     | WatchPrerequisite
@@ -254,6 +267,17 @@ class InputRecord:
     body: InputBody
 
 
+def task_inputs(rec: InputRecord) -> list[InputRecord]:
+    """The inputs a task-inputs record stands for, in order."""
+    return list(rec.body.items) if type(rec.body) is Inputs else [rec]
+
+
+def pack_inputs(recs: list[InputRecord], sender: str) -> InputRecord:
+    """Inputs of one partition as one record, keyed by the first one's task."""
+    first = recs[0]
+    return InputRecord(f"{first.input_id}+{len(recs)}", first.task_id, first.sent_ms, sender, Inputs(tuple(recs)))
+
+
 # ---- queue topic --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class QueuedTask:
@@ -262,6 +286,22 @@ class QueuedTask:
     lane: str
     queued_ms: int
     spec: TaskSpec
+    # Further tasks of the same partition queued in the same step, in order: one record stands for all
+    # of them (the queue's records per task were a cost of the hot path). Members have none of their own.
+    also: tuple[QueuedTask, ...] = ()
+
+
+def queued_tasks(rec: QueuedTask) -> list[QueuedTask]:
+    """The tasks a queue record stands for, in order."""
+    if not rec.also:
+        return [rec]
+    return [QueuedTask(rec.task_id, rec.attempt, rec.lane, rec.queued_ms, rec.spec), *rec.also]
+
+
+def pack_queued(recs: list[QueuedTask]) -> QueuedTask:
+    """Queue records of one partition as one, keyed by the first one's task."""
+    first = recs[0]
+    return QueuedTask(first.task_id, first.attempt, first.lane, first.queued_ms, first.spec, tuple(recs[1:]))
 
 
 NS = "io.taskstream."
@@ -279,6 +319,7 @@ EVENT_PAYLOADS: dict[str, type] = {NS + cls.__name__: cls for cls in ev.EVENT_TY
 INPUT_BODIES: dict[str, type] = {
     NS + cls.__name__: cls
     for cls in (
+        Inputs,
         ClaimRequest,
         StartReport,
         FinishReport,

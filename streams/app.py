@@ -27,13 +27,13 @@ from taskstream.connectors.kafka import faust_app_id, make_codec
 from taskstream.connectors.keeper import Keeper
 from taskstream.connectors.services import ready_file
 from taskstream.schemas.codec import DecodeError
-from taskstream.schemas.records import TimerFired
+from taskstream.schemas.records import TimerFired, queued_tasks
 from taskstream.streams.context import Context
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.runner import Runners
 from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
-from taskstream.streams.worker import ClaimWaiter, Executor, InOrderAcks
+from taskstream.streams.worker import ClaimWaiter, Executor, InOrderAcks, Reports
 
 from taskstream.settings import Settings
 
@@ -109,23 +109,16 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         waiter_holder["w"] = ClaimWaiter(ctx(), worker_id)
         await waiter_holder["w"].run()
 
-    async def handle_queued(event: Any) -> None:
-        while "w" not in waiter_holder:
-            await asyncio.sleep(0.05)
-        try:
-            qt = ctx().codec.decode("queued", event.value)
-        except DecodeError as err:
-            await ctx().dead_letter(_Msg(event), err.reason, "executor")
-            return
+    def executor_for() -> Executor:
         if "keeper" not in waiter_holder:  # kills this worker's task processes if the worker dies
             waiter_holder["keeper"] = Keeper()
             waiter_holder["runners"] = Runners(waiter_holder["keeper"])  # for callable tasks
             waiter_holder["slots"] = asyncio.Semaphore(s.worker_slots)
-        executor = Executor(
+            waiter_holder["reports"] = Reports(ctx())  # what the executors send together goes as one
+        return Executor(
             ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"],
-            waiter_holder["slots"],
+            waiter_holder["slots"], waiter_holder["reports"],
         )  # fmt: skip
-        await _guarded(ctx(), _Msg(event), "executor", executor.handle(qt))
 
     in_order = InOrderAcks()
 
@@ -136,26 +129,30 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     async def claimer(work: asyncio.Queue[Any], acks: Any) -> None:
         while True:
-            event, generation = await work.get()
+            event, generation, qt = await work.get()
             tp, offset = event.message.tp, event.message.offset
             if tp not in app.consumer.assignment():
                 continue  # its partition went to another worker in a rebalance, which reads it again
+            while "w" not in waiter_holder:
+                await asyncio.sleep(0.05)
             try:
-                await handle_queued(event)  # a stopping worker's drain happens in here (streams/worker.py)
+                # a stopping worker's drain happens in here (streams/worker.py)
+                await _guarded(ctx(), _Msg(event), "executor", executor_for().handle(qt))
             except Exception:  # not even dead-lettered (the broker refused that too): requeue_ms covers it
-                log.exception("executor could not handle queue record %s", offset)
+                log.exception("executor could not handle a task of queue record %s", offset)
             for done in in_order.handled(tp, offset, generation):
                 await acks.ack(done)  # its offset may be committed (not if the worker stopped first)
 
     @app.agent(queue, name="executor")
     async def executor(stream: Any) -> None:
-        """Queue records are taken as they come and handed to worker_slots + claim_ahead claimers (at
-        most worker_slots of them run at once), each acknowledged once handled. The stream itself never
-        waits: Faust hands every topic's records over through one conductor, and an executor stream left
-        full stopped the lifecycle's inputs with it, so the claims it waited for were never decided
-        (a 10,000-task backlog, docs/measurements.md). Records of a partition this worker no longer has
-        are dropped unhandled: the new owner reads them from the last commit (an added worker takes its
-        share at once instead of after this one's backlog). Acks go in offset order (InOrderAcks)."""
+        """Queue records are taken as they come, and the tasks each stands for handed to worker_slots +
+        claim_ahead claimers (at most worker_slots of them run at once); a record is acknowledged once
+        all its tasks are handled. The stream itself never waits: Faust hands every topic's records over
+        through one conductor, and an executor stream left full stopped the lifecycle's inputs with it,
+        so the claims it waited for were never decided (a 10,000-task backlog, docs/measurements.md).
+        Records of a partition this worker no longer has are dropped unhandled: the new owner reads them
+        from the last commit (an added worker takes its share at once instead of after this one's
+        backlog). Acks go in offset order (InOrderAcks)."""
         acks = stream.noack()
         work: asyncio.Queue[Any] = asyncio.Queue()
         claimers = [asyncio.ensure_future(claimer(work, acks)) for _ in range(s.worker_slots + s.claim_ahead)]
@@ -164,7 +161,17 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
                 tp = event.message.tp
                 if tp not in in_order.pending:  # the first record of a partition since the last rebalance
                     log.info("executor: queue %s[%s] from offset %s", tp.topic, tp.partition, event.message.offset)
-                work.put_nowait((event, in_order.taken(tp, event.message.offset, event)))
+                try:
+                    tasks = queued_tasks(ctx().codec.decode("queued", event.value))
+                except DecodeError as err:
+                    generation = in_order.taken(tp, event.message.offset, event)
+                    await ctx().dead_letter(_Msg(event), err.reason, "executor")
+                    for done in in_order.handled(tp, event.message.offset, generation):
+                        await acks.ack(done)
+                    continue
+                generation = in_order.taken(tp, event.message.offset, event, len(tasks))
+                for qt in tasks:
+                    work.put_nowait((event, generation, qt))
         finally:
             for c in claimers:
                 c.cancel()

@@ -12,12 +12,21 @@ from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from taskstream.connectors.partitioning import partition_for
 from taskstream.schemas.codec import Codec
-from taskstream.schemas.records import EVENT_HEADER, KINDS_HEADER, EventRecord, InputRecord, TaskEvents, pack
+from taskstream.schemas.records import (
+    EVENT_HEADER,
+    KINDS_HEADER,
+    EventRecord,
+    InputRecord,
+    QueuedTask,
+    TaskEvents,
+    pack,
+    pack_queued,
+)
 
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
-PACK_MAX_EVENTS = 1_000  # events per TaskEvents record at most ...
+PACK_MAX_EVENTS = 1_000  # events per TaskEvents record (and tasks per queue record) at most ...
 PACK_MAX_BYTES = 256 * 1024  # ... and about this many bytes: far under the producer's 1 MB request limit
 PARTITIONS_KEPT = 200_000  # task id -> partition, remembered (a task's id is written a dozen times)
 
@@ -31,6 +40,31 @@ def _headers(rec: Any) -> list[tuple[str, bytes]] | None:
         kinds = sorted({type(m.payload).__name__ for m in rec.payload.events})
         return [(EVENT_HEADER, b"TaskEvents"), (KINDS_HEADER, ",".join(kinds).encode())]
     return [(EVENT_HEADER, rec.kind.encode())]
+
+
+def chunks(recs: list[Any], weight: Any) -> list[list[Any]]:
+    """Records in order, in runs of at most PACK_MAX_EVENTS and about PACK_MAX_BYTES (by `weight`)."""
+    out: list[list[Any]] = []
+    chunk: list[Any] = []
+    size = 0
+    for rec in recs:
+        w = weight(rec)
+        if chunk and (len(chunk) >= PACK_MAX_EVENTS or size + w > PACK_MAX_BYTES):
+            out.append(chunk)
+            chunk, size = [], 0
+        chunk.append(rec)
+        size += w
+    if chunk:
+        out.append(chunk)
+    return out
+
+
+def _spec_weight(q: QueuedTask) -> int:
+    """About how many bytes a queue record's task takes: its spec's strings are what can make it big."""
+    spec = q.spec
+    env = sum(len(k) + len(v) for k, v in spec.env.items())
+    call = len(spec.call.args_json) + len(spec.call.kwargs_json) if spec.call is not None else 0
+    return 300 + sum(len(a) for a in spec.argv) + env + call + sum(len(d) for d in spec.dependencies)
 
 
 def unit_random(*parts: object) -> float:
@@ -88,31 +122,30 @@ class Context:
 
     def packed(self, sends: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
         """The same sends with the task events of each partition packed into TaskEvents records (in the
-        order they were decided), where a partition has more than one; everything else as it was.
-        A reader sees each task's events in the same order either way (`records.task_events`)."""
-        groups: dict[int, list[EventRecord]] = {}
+        order they were decided), and its queue records into one QueuedTask standing for all of them,
+        where a partition has more than one; everything else as it was. A reader sees each task's
+        events, and the queue's tasks, in the same order either way (`records.task_events`,
+        `records.queued_tasks`)."""
+        events: dict[int, list[EventRecord]] = {}
+        queued: dict[int, list[QueuedTask]] = {}
         out: list[tuple[Any, str, Any]] = []
         for send in sends:
             topic, key, rec = send
             if topic is self.events and type(rec) is EventRecord and rec.task_id is not None and rec.version > 0:
-                groups.setdefault(self.partition(key), []).append(rec)
+                events.setdefault(self.partition(key), []).append(rec)
+            elif topic is self.queue and type(rec) is QueuedTask and not rec.also:
+                queued.setdefault(self.partition(key), []).append(rec)
             else:
                 out.append(send)
-        for recs in groups.values():
-            if len(recs) == 1:
-                out.append((self.events, str(recs[0].task_id), recs[0]))
-                continue
-            chunk: list[EventRecord] = []
-            size = 0
-            for rec in recs:
-                p = rec.payload  # an output tail and a reason are what can make an event big
-                weight = 200 + len(getattr(p, "output_tail", "")) + len(getattr(p, "reason", ""))
-                if chunk and (len(chunk) >= PACK_MAX_EVENTS or size + weight > PACK_MAX_BYTES):
-                    out.append((self.events, str(chunk[0].task_id), pack(chunk, self.node)))
-                    chunk, size = [], 0
-                chunk.append(rec)
-                size += weight
-            out.append((self.events, str(chunk[0].task_id), pack(chunk, self.node)))
+        for recs in events.values():
+            # an output tail and a reason are what can make an event big
+            for chunk in chunks(recs, lambda p: 200 + len(getattr(p.payload, "output_tail", ""))
+                                 + len(getattr(p.payload, "reason", ""))):  # fmt: skip
+                only = len(recs) == 1
+                out.append((self.events, str(chunk[0].task_id), chunk[0] if only else pack(chunk, self.node)))
+        for qs in queued.values():
+            for chunk in chunks(qs, _spec_weight):
+                out.append((self.queue, chunk[0].task_id, chunk[0] if len(chunk) == 1 else pack_queued(chunk)))
         return out
 
     async def send_all(self, sends: list[tuple[Any, str, Any]]) -> None:

@@ -77,6 +77,7 @@ class Lifecycle:
         # whether its partition is still this worker's. Without them (tests), every write goes ahead.
         self.tenure = tenure
         self.holds = holds or (lambda _message: True)
+        self._guard: Any = _unguarded  # the batch's guard (on_batch)
 
     def load(self, task_id: str) -> TaskRecord:
         key = task_id.encode()
@@ -107,12 +108,14 @@ class Lifecycle:
         messages of partitions still held are decided again, against the table as it is now."""
         rebalances = self.tenure.completed if self.tenure is not None else 0
         batch = self._batch = _Batch()
+        self._guard = guard  # a packed record's inputs are each guarded on their own (_on_input)
         try:
             for message in messages:
                 self._message = message
                 await guard(message, self.on_message(message, events_topic))
         finally:
             self._batch = self._message = None
+            self._guard = _unguarded
         if self.tenure is not None and await self.tenure.settled() != rebalances:
             kept = [m for m in messages if self.holds(m)]
             log.info("a rebalance came before a batch was written: %d of %d input(s) decided again",
@@ -195,12 +198,20 @@ class Lifecycle:
         except DecodeError as err:
             await self.ctx.dead_letter(message, err.reason, "lifecycle")
             return
+        if type(inp.body) is r.Inputs:  # several inputs in one record (a worker's, sent together)
+            for member in inp.body.items:  # one that raises is dead-lettered (the whole record), the rest go on
+                await self._guard(message, self._input(member))
+            return
+        await self._input(inp)
+
+    async def _input(self, inp: r.InputRecord) -> None:
         at = inp.sent_ms
         record = self.load(inp.task_id)
         rand = unit_random(inp.input_id)
         b = inp.body
         cmds: list[c.Command] = []
         sends: list[tuple[Any, str, Any]] = []
+        first: list[tuple[Any, str, Any]] = []  # events decided before the commands (a folded start)
         match b:
             case r.WatchPrerequisite(dependent=dep):
                 if dep not in record.dependents:
@@ -261,6 +272,10 @@ class Lifecycle:
             case r.StartReport(claim_id=cid, pid=pid):
                 cmds.append(c.StartTask(cid, pid, at))
             case r.FinishReport():
+                if b.started_ms is not None and record.state.status is Status.CLAIMED:
+                    # a short run's start, come with its end: decided first, at the time it started
+                    start = c.StartTask(b.claim_id, b.pid or 0, b.started_ms)
+                    first, _ = self._decide(record, [start], b.started_ms, rand, sends)
                 cmds.append(c.FinishTask(b.claim_id, b.exit_code, b.output_tail, b.duration_ms, b.reason, at))
             case r.TimerFired(purpose="requeue"):
                 st = record.state
@@ -281,7 +296,7 @@ class Lifecycle:
                 cmds.append(c.CancelTask(why, at))
             case r.ReprioritizeRequest(priority=p):
                 cmds.append(c.ReprioritizeTask(p, at))
-        await self._process(record, cmds, at, rand, sends)
+        await self._process(record, cmds, at, rand, sends, first)
 
     # -- deciding ------------------------------------------------------------------------------------
     def _all_succeeded(self, record: TaskRecord) -> bool:
@@ -335,10 +350,16 @@ class Lifecycle:
         return cmds, sends
 
     async def _process(
-        self, record: TaskRecord, commands: list[c.Command], at: int, rand: float, sends: list[tuple[Any, str, Any]]
+        self,
+        record: TaskRecord,
+        commands: list[c.Command],
+        at: int,
+        rand: float,
+        sends: list[tuple[Any, str, Any]],
+        first: list[tuple[Any, str, Any]] | None = None,
     ) -> None:
         events, timer = self._decide(record, commands, at, rand, sends)
-        await self._emit(events + sends)  # durable first ...
+        await self._emit([*(first or ()), *events, *sends])  # durable first ...
         self._save(record, timer)  # ... then remembered
 
     def _decide(
@@ -443,3 +464,7 @@ class Lifecycle:
 
 
 _ENDINGS = (e.TaskSucceeded, e.TaskDeadLettered, e.TaskCancelled, e.TaskRejected)
+
+
+async def _unguarded(_message: Any, handling: Any) -> None:
+    await handling

@@ -6,8 +6,8 @@ claim it sends heartbeats, which keep the claim's lease alive; if they stop (the
 owner expires the lease and the task runs again elsewhere, and anything this worker reports under that
 claim later is refused. A worker claims up to `claim_ahead` tasks beyond its free slots (their
 leases kept alive while they wait for a slot), so a slot that frees starts its next task without a
-claim's round trip. It reports the start (with the end, for a run shorter than START_REPORT_AFTER_S),
-then the exit status and a bounded tail of the output. A
+claim's round trip. It reports the start (in the same record as the end, for a run shorter than
+START_REPORT_AFTER_S), then the exit status and a bounded tail of the output. A
 run over its execution cap is killed (SIGTERM to its process group, SIGKILL after a grace period) and
 reported as such; so is a run whose task is cancelled (the worker sees TaskCancelled on the log). Task
 processes die with their worker (connectors/keeper.py). Told to stop, a worker gives its running tasks
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from taskstream.connectors.keeper import Keeper, die_with_parent
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
-from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context
+from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context, chunks
 from taskstream.streams.runner import CallFailed, Runner, Runners
 
 from taskstream.core import events as e
@@ -43,7 +44,7 @@ CLAIM_RESEND_S = 10.0  # a claim request with no verdict yet is sent again after
 CLAIM_RESEND_MAX_S = 60.0  # ... up to this: a worker never gives up a claim while it lives
 HANDLED_CLAIMS_KEPT = 100_000  # claims a worker remembers, to skip a queue record it has seen again
 # A run's start is reported this long after it started, or with its end if that comes first: a short
-# task's start and finish then go out in one write and are decided in one step (the start keeps its time).
+# task's start then goes in its finish report's record and is decided in the same step, at its own time.
 START_REPORT_AFTER_S = 0.05
 VERDICTS = (b"TaskClaimed", b"ClaimRejected")
 WATCHED = (*VERDICTS, b"TaskCancelled")
@@ -60,34 +61,87 @@ class InOrderAcks:
     died after such a commit would leave that record to requeue_ms. Here a record's ack is held back
     until every record of its partition taken before it is handled too.
 
-    `taken` as records arrive (in offset order per partition), `handled` when one is done: it returns the
-    events that may be acked now. A rebalance starts a new generation (`rebalanced`): Faust delivers
-    the kept partitions again from their commits, and what was taken before is never acked."""
+    `taken` as records arrive (in offset order per partition), with the number of tasks the record stands
+    for; `handled` when one of them is done: it returns the events that may be acked now (a record once
+    all its tasks are handled). A rebalance starts a new generation (`rebalanced`): Faust delivers the
+    kept partitions again from their commits, and what was taken before is never acked."""
 
     def __init__(self) -> None:
         self.generation = 0
-        self.pending: dict[Any, OrderedDict[int, list[Any]]] = {}  # tp -> offset -> [event, handled]
+        self.pending: dict[Any, OrderedDict[int, list[Any]]] = {}  # tp -> offset -> [event, tasks left]
 
-    def taken(self, tp: Any, offset: int, event: Any) -> int:
+    def taken(self, tp: Any, offset: int, event: Any, tasks: int = 1) -> int:
         waiting = self.pending.setdefault(tp, OrderedDict())
         if waiting and offset <= next(reversed(waiting)):
             waiting.clear()  # the partition was sought back: what follows is delivered again, in order
-        waiting[offset] = [event, False]
+        waiting[offset] = [event, tasks]
         return self.generation
 
     def handled(self, tp: Any, offset: int, generation: int) -> list[Any]:
         waiting = self.pending.get(tp)
         if generation != self.generation or waiting is None or offset not in waiting:
             return []  # taken before a rebalance: delivered again since, and acked as that
-        waiting[offset][1] = True
+        waiting[offset][1] -= 1
         ready = []
-        while waiting and next(iter(waiting.values()))[1]:
+        while waiting and next(iter(waiting.values()))[1] <= 0:
             ready.append(waiting.popitem(last=False)[1][0])
         return ready
 
     def rebalanced(self) -> None:
         self.generation += 1
         self.pending.clear()
+
+
+class Reports:
+    """A worker's inputs to the task owners (claims, starts, finishes, heartbeats, releases) that come at
+    the same moment go out in one write, those of one partition in one record (records.Inputs): each
+    record costs the owner a delivery through Faust's machinery, and its worker a produce call.
+    `send` returns once its input is durable; it adds no wait (the write goes out in the event loop's
+    next turn with whatever the other executors sent in this one)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.waiting: list[tuple[r.InputRecord, asyncio.Future[None]]] = []
+        self.flushes: set[asyncio.Task[None]] = set()
+
+    async def send(self, rec: r.InputRecord) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self.waiting:
+            task = asyncio.ensure_future(self._flush())
+            self.flushes.add(task)
+            task.add_done_callback(self.flushes.discard)
+        self.waiting.append((rec, fut))
+        await fut
+
+    async def _flush(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        groups: dict[int, list[r.InputRecord]] = {}
+        for rec, _ in waiting:
+            groups.setdefault(self.ctx.partition(rec.task_id), []).append(rec)
+        sends = []
+        for recs in groups.values():
+            for chunk in chunks(recs, _input_weight):
+                one = chunk[0] if len(chunk) == 1 else r.pack_inputs(chunk, self.ctx.node)
+                sends.append((self.ctx.inputs, chunk[0].task_id, one))
+        try:
+            await self.ctx.send_all(sends)  # retried until the broker takes it
+        except asyncio.CancelledError:  # the worker is stopping
+            for _, fut in waiting:
+                fut.cancel()
+            raise
+        except Exception as exc:  # not a broker's (send_all retries those): each sender gets it
+            for _, fut in waiting:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        for _, fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+
+
+def _input_weight(rec: r.InputRecord) -> int:
+    body = rec.body  # a finish report's output tail and reason are what can make an input big
+    return 200 + len(getattr(body, "output_tail", "")) + len(getattr(body, "reason", ""))
 
 
 class ClaimWaiter:
@@ -208,8 +262,10 @@ class Executor:
         keeper: Keeper | None = None,
         runners: Runners | None = None,
         slots: asyncio.Semaphore | None = None,
+        reports: Reports | None = None,
     ) -> None:
         self.ctx = ctx
+        self.reports = reports  # shared by a worker's executors: what they send together goes as one
         self.worker_id = worker_id
         self.waiter = waiter
         self.keeper = keeper
@@ -284,12 +340,17 @@ class Executor:
             with contextlib.suppress(Exception):  # a lost heartbeat is what leases are for
                 await self._report(task_id, int(time.time() * 1000), r.Heartbeat(claim_id), f"{claim_id}:beat:{n}")
 
-    async def _report(self, task_id: str, at: int, body: Any, input_id: str, before: Any = None) -> None:
-        """Send one report (after `before`, an earlier report held back: see _StartReport)."""
-        first = [before] if before is not None else []
-        await self.ctx.send_all(
-            [(self.ctx.inputs, task_id, self.ctx.input(task_id, t, b, i)) for t, b, i in [*first, (at, body, input_id)]]
-        )
+    async def _report(self, task_id: str, at: int, body: Any, input_id: str, start: Any = None) -> None:
+        """Send one report and wait until it is durable. `start`: the run's start report, held back (see
+        _StartReport), goes in the same record as this finish report."""
+        if start is not None:
+            started_at, report, _ = start
+            body = dataclasses.replace(body, started_ms=started_at, pid=report.pid)
+        rec = self.ctx.input(task_id, at, body, input_id)
+        if self.reports is not None:
+            await self.reports.send(rec)
+        else:
+            await self.ctx.send_all([(self.ctx.inputs, task_id, rec)])
 
     async def _run(self, qt: r.QueuedTask, claim_id: str, cancelled: asyncio.Future[str]) -> None:
         spec = qt.spec

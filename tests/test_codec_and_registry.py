@@ -153,6 +153,73 @@ def test_commands_round_trip(spec: r.TaskSpec) -> None:
         assert codec.decode("command", codec.encode(cmd)) == cmd
 
 
+def test_the_queue_record_standing_for_several_tasks_is_a_compatible_change_and_old_records_read_alone(
+    registry: SchemaRegistryClient,
+) -> None:
+    """QueuedTask gained `also` (the further tasks it stands for): the registry takes the new schema
+    after the one before it (BACKWARD), and a record written before decodes as one task."""
+    new = json.loads(schema_text("queued"))
+    old = {**new, "fields": [f for f in new["fields"] if f["name"] != "also"]}
+    first = registry.register_schema("q.queue-value", Schema(json.dumps(old), "AVRO"))
+    second = registry.register_schema("q.queue-value", Schema(json.dumps(new), "AVRO"))
+    assert first != second and registry.get_latest_version("q.queue-value").version == 2
+    spec = r.TaskSpec("t", "acme", ("true",))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(old), to_avro(r.QueuedTask("a", 1, "default", 5, spec)))
+    codec = Codec({"queued": second}, lambda sid: registry.get_schema(sid).schema_str)
+    got = codec.decode("queued", b"\x00" + first.to_bytes(4, "big") + body.getvalue())
+    assert got == r.QueuedTask("a", 1, "default", 5, spec) and r.queued_tasks(got) == [got]
+
+
+def test_inputs_packed_in_one_record_round_trip_and_the_input_schema_change_is_compatible(
+    registry: SchemaRegistryClient,
+) -> None:
+    """TaskInput gained a body that packs several inputs (Inputs, the union's last branch, so the earlier
+    branches keep their indexes) and FinishReport its started_ms and pid: the registry takes the new
+    schema after the one before it (BACKWARD), and a pack round-trips to the same inputs in order."""
+    new = json.loads(schema_text("input"))
+    old = json.loads(schema_text("input"))
+    union = old["fields"][4]["type"]
+    old["fields"][4]["type"] = [b for b in union if not b["name"].endswith("Inputs")]
+    finish = next(b for b in old["fields"][4]["type"] if b["name"].endswith("FinishReport"))
+    finish["fields"] = [f for f in finish["fields"] if f["name"] not in ("started_ms", "pid")]
+    assert [b["name"] for b in new["fields"][4]["type"]][:-1] == [b["name"] for b in old["fields"][4]["type"]]
+    registry.register_schema("p.task-inputs-value", Schema(json.dumps(old), "AVRO"))
+    registry.register_schema("p.task-inputs-value", Schema(json.dumps(new), "AVRO"))
+    assert registry.get_latest_version("p.task-inputs-value").version == 2
+    members = [
+        r.InputRecord("i1", "t1", 5, "w", r.ClaimRequest(1, "w", "c1")),
+        r.InputRecord("i2", "t2", 6, "w", r.FinishReport("c2", 0, "out", 3, "", started_ms=4, pid=9)),
+        r.InputRecord("i3", "t1", 7, "w", r.Heartbeat("c1")),
+    ]
+    packed = r.pack_inputs(members, "w")
+    codec = Codec({"input": 3}, lambda sid: pytest.fail("no lookup expected"))
+    got = codec.decode("input", codec.encode(packed))
+    assert got == packed and r.task_inputs(got) == members and got.task_id == "t1"
+    assert r.task_inputs(members[0]) == [members[0]]
+
+
+def test_a_finish_report_with_its_start_round_trips_and_one_from_an_older_writer_has_none() -> None:
+    """FinishReport gained started_ms and pid (a short run's start in its finish report's record): both
+    round-trip, and a report written with the schema before them decodes with both None."""
+    folded = r.InputRecord("i", "t", 5, "w", r.FinishReport("c", 0, "tail", 3, "", started_ms=4, pid=42))
+    codec = Codec({"input": 3}, lambda sid: pytest.fail("no lookup expected"))
+    assert codec.decode("input", codec.encode(folded)) == folded
+    old = json.loads(schema_text("input"))
+    finish = next(b for b in old["fields"][4]["type"] if b["name"].endswith("FinishReport"))
+    finish["fields"] = [f for f in finish["fields"] if f["name"] not in ("started_ms", "pid")]
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(old), {
+        "input_id": "i", "task_id": "t", "sent_ms": 5, "sender": "w",
+        "body": ("io.taskstream.FinishReport",
+                 {"claim_id": "c", "exit_code": 0, "output_tail": "tail", "duration_ms": 3, "reason": ""}),
+    })  # fmt: skip
+    older = Codec({"input": 9}, lambda sid: json.dumps(old))
+    got = older.decode("input", b"\x00\x00\x00\x00\x63" + body.getvalue())
+    assert got == r.InputRecord("i", "t", 5, "w", r.FinishReport("c", 0, "tail", 3, ""))
+    assert got.body.started_ms is None and got.body.pid is None
+
+
 @pytest.mark.parametrize(
     ("data", "reason"),
     [

@@ -120,3 +120,68 @@ def test_with_the_default_limits_every_pack_fits_the_workers_producer_requests()
     out = ctx.packed(sends)
     assert len(out) > 1
     assert max(len(ctx.codec.encode(rec)) for _, _, rec in out) < 1_000_000 // 2
+
+
+def a_queued(ctx: Context, task: str, argv: tuple[str, ...] = ("true",)) -> tuple[Any, str, r.QueuedTask]:
+    return (ctx.queue, task, r.QueuedTask(task, 1, "default", 1000, r.TaskSpec(task, "acme", argv)))
+
+
+def test_a_partitions_queue_records_are_one_record_standing_for_its_tasks_in_order(monkeypatch: Any) -> None:
+    ctx = make_context()
+    sends = [a_queued(ctx, f"t{i}") for i in range(20)]
+    out = ctx.packed(sends)
+    by_partition: dict[int, list[r.QueuedTask]] = {}
+    for _, _, rec in sends:
+        by_partition.setdefault(partition_for(rec.task_id.encode(), 4), []).append(rec)
+    assert len(out) == len(by_partition), "one queue record per partition"
+    for topic, key, rec in out:
+        assert topic is ctx.queue and key == rec.task_id
+        part = partition_for(key.encode(), 4)
+        assert r.queued_tasks(rec) == by_partition[part], "the same tasks, in order"
+    codec = Codec({"queued": 9}, lambda sid: pytest.fail("no lookup expected"))
+    assert [r.queued_tasks(codec.decode("queued", codec.encode(rec))) for _, _, rec in out] == [
+        by_partition[partition_for(key.encode(), 4)] for _, key, _ in out
+    ]
+
+    one = make_context(partitions=1)
+    lone = a_queued(one, "t1")
+    assert one.packed([lone]) == [lone], "a lone task stays a record of its own"
+    monkeypatch.setattr(context_module, "PACK_MAX_BYTES", 10_000)
+    big = [a_queued(one, f"t{i}", ("echo", "x" * 4000)) for i in range(5)]
+    assert [len(r.queued_tasks(rec)) for _, _, rec in one.packed(big)] == [2, 2, 1], "split by size"
+
+
+def test_a_workers_inputs_sent_at_the_same_moment_go_in_one_write_one_record_per_partition() -> None:
+    """streams.worker.Reports: what the executors send in the same turn of the event loop is one write,
+    the inputs of each partition packed in order; each sender returns once the write is durable; an
+    input sent alone stays a record of its own."""
+    import asyncio
+
+    from taskstream.streams.worker import Reports
+
+    ctx = make_context()
+    writes: list[list[Any]] = []
+
+    async def send_all(sends: list[Any]) -> None:
+        await asyncio.sleep(0.01)
+        writes.append(list(sends))
+
+    ctx.send_all = send_all  # type: ignore[method-assign]
+    reports = Reports(ctx)
+    inputs = [ctx.input(f"t{i}", 100 + i, r.ClaimRequest(1, "w", f"c{i}"), f"c{i}:claim") for i in range(10)]
+
+    async def go() -> None:
+        await asyncio.gather(*(reports.send(rec) for rec in inputs))
+        assert len(writes) == 1, "one write for everything sent together"
+        await reports.send(inputs[0])
+
+    asyncio.run(go())
+    together, alone = writes
+    by_partition: dict[int, list[r.InputRecord]] = {}
+    for rec in inputs:
+        by_partition.setdefault(partition_for(rec.task_id.encode(), 4), []).append(rec)
+    assert len(together) == len(by_partition)
+    for topic, key, rec in together:
+        assert topic is ctx.inputs and key == rec.task_id
+        assert r.task_inputs(rec) == by_partition[partition_for(key.encode(), 4)]
+    assert alone == [(ctx.inputs, "t0", inputs[0])]

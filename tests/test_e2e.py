@@ -225,16 +225,18 @@ def inputs_about(stack: Stack, task_ids: set[str]) -> list[Any]:
     """Every committed record on the task-inputs topic addressed to one of `task_ids`, decoded."""
     from taskstream.connectors.kafka import consumer, make_codec
     from taskstream.connectors.reading import read_to_end
+    from taskstream.schemas.records import task_inputs
 
     s = stack.settings
     codec = make_codec(s)
     c = consumer(s, f"inputs-{uuid.uuid4()}")
     try:
         starts = dict.fromkeys(range(s.partitions), 0)
-        return [
-            codec.decode("input", m.value())
+        return [  # a worker's inputs sent together are one record (records.Inputs): unpacked
+            one
             for m in read_to_end(c, s.topic("task-inputs"), starts, timeout=60)
-            if m.key() is not None and m.key().decode() in task_ids
+            for one in task_inputs(codec.decode("input", m.value()))
+            if one.task_id in task_ids
         ]
     finally:
         c.close()

@@ -86,6 +86,16 @@ def test_queue_records_are_acked_in_offset_order_whatever_order_they_finish_in()
     assert acks.handled("p0", 18, new) == ["b18", "b19"]
 
 
+def test_a_queue_record_of_several_tasks_is_acked_once_all_of_them_are_handled() -> None:
+    acks = InOrderAcks()
+    g = acks.taken("p0", 20, "e20", tasks=3)
+    acks.taken("p0", 21, "e21")
+    assert acks.handled("p0", 21, g) == []  # 20 still has tasks being handled
+    assert acks.handled("p0", 20, g) == []
+    assert acks.handled("p0", 20, g) == []
+    assert acks.handled("p0", 20, g) == ["e20", "e21"]
+
+
 def test_faust_commits_past_a_record_still_being_handled_unless_acks_come_in_order() -> None:
     """Faust's own commit logic (Consumer._new_offset): with the last commit at 10, and 11 handled before
     10, acking 11 alone commits 12, past 10. Through InOrderAcks nothing is acked until 10 is done."""

@@ -48,6 +48,23 @@ def lifecycle(**settings: Any) -> Lifecycle:
     return Lifecycle(ctx, {}, {})  # type: ignore[arg-type]
 
 
+def batching_lifecycle(sent: list[Any], event: Any) -> Lifecycle:
+    """A lifecycle for on_batch: each write lands in `sent` (one list per write, unpacked: packing is
+    tests/test_context.py's), events are made by `event(task, submission, version, at, payload)`, and
+    messages carry their inputs decoded."""
+
+    async def send_all(sends: list[Any]) -> None:
+        sent.append(list(sends))
+
+    lc = lifecycle(requeue_ms=90_000)
+    ctx = lc.ctx
+    ctx.events, ctx.queue, ctx.send_all = "events", "queue", send_all  # type: ignore[attr-defined]
+    ctx.packed = lambda sends: sends  # type: ignore[attr-defined]
+    ctx.event = event  # type: ignore[attr-defined]
+    ctx.codec = SimpleNamespace(decode=lambda _kind, value: value)  # type: ignore[attr-defined]
+    return lc
+
+
 def waiting(deps: tuple[str, ...], ended: dict[str, str]) -> TaskRecord:
     spec = TaskSpec("t", "acme", ("true",), dependencies=deps)
     return TaskRecord(TaskState("t1", Status.WAITING, 2, spec, "s"), ended=dict(ended))
@@ -134,16 +151,7 @@ class _Tables(dict):  # type: ignore[type-arg]
 
 def test_a_batch_decides_each_input_on_what_the_one_before_left_and_saves_once_after_sending() -> None:
     sent: list[Any] = []
-
-    async def send_all(sends: list[Any]) -> None:
-        sent.append(list(sends))
-
-    lc = lifecycle(requeue_ms=90_000)
-    ctx = lc.ctx
-    ctx.events, ctx.queue, ctx.send_all = "events", "queue", send_all  # type: ignore[attr-defined]
-    ctx.packed = lambda sends: sends  # type: ignore[attr-defined]  # packing: tests/test_context.py
-    ctx.event = lambda tid, sid, version, at, ev: (version, ev)  # type: ignore[attr-defined]
-    ctx.codec = SimpleNamespace(decode=lambda _kind, value: value)  # type: ignore[attr-defined]
+    lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (version, ev))
     lc.tasks, lc.timers = _Tables(sent), _Tables(sent)
     spec = TaskSpec("t", "acme", ("true",))
     lc.tasks[b"t1"] = dumps(TaskRecord(TaskState("t1", Status.QUEUED, 4, spec, "s", attempt=1)))
@@ -179,3 +187,85 @@ def test_a_batch_decides_each_input_on_what_the_one_before_left_and_saves_once_a
     assert lc.tasks.writes == [(b"t1", True)], "saved once, after the send"
     assert loads(lc.tasks[b"t1"]).state.status is Status.SUCCEEDED
     assert b"t1" not in lc.timers  # the lease timer the claim set is cleared by the success in the same batch
+
+
+def test_a_start_that_came_with_its_finish_is_decided_first_at_its_own_time_and_only_once() -> None:
+    """A short run's start travels in its finish report (started_ms, pid): the owner decides TaskStarted
+    at the start's time, then the end; a start reported before on its own is not decided again."""
+    sent: list[Any] = []
+    lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (version, at, ev))
+    spec = TaskSpec("t", "acme", ("true",))
+    for tid in ("t1", "t2"):
+        lc.tasks[tid.encode()] = dumps(TaskRecord(TaskState(tid, Status.QUEUED, 4, spec, "s", attempt=1)))
+
+    def msg(offset: int, tid: str, at: int, body: Any) -> Any:
+        value = r.InputRecord(f"i{offset}", tid, at, "w", body)
+        return SimpleNamespace(topic="inputs", partition=0, offset=offset, key=tid.encode(), value=value, headers={})
+
+    async def guard(_message: Any, handling: Any) -> None:
+        await handling
+
+    import asyncio
+
+    batch = [
+        msg(1, "t1", 100, r.ClaimRequest(1, "w", "c1")),
+        msg(2, "t1", 140, r.FinishReport("c1", 0, "ok", 5, "", started_ms=120, pid=42)),
+        msg(3, "t2", 100, r.ClaimRequest(1, "w", "c2")),
+        msg(4, "t2", 110, r.StartReport("c2", 43)),
+        msg(5, "t2", 150, r.FinishReport("c2", 0, "ok", 5, "", started_ms=110, pid=43)),  # started already
+    ]
+    asyncio.run(lc.on_batch(batch, "events", guard))
+    events = [(v, at, type(ev).__name__) for _, _, (v, at, ev) in sent[0]]
+    assert events == [
+        (5, 100, "TaskClaimed"),
+        (6, 120, "TaskStarted"),
+        (7, 140, "TaskSucceeded"),
+        (5, 100, "TaskClaimed"),
+        (6, 110, "TaskStarted"),
+        (7, 150, "TaskSucceeded"),
+    ]
+    started = next(ev for _, _, (_, _, ev) in sent[0] if type(ev).__name__ == "TaskStarted")
+    assert started.pid == 42
+    assert loads(lc.tasks[b"t1"]).state.status is Status.SUCCEEDED
+
+
+def test_inputs_packed_in_one_record_are_decided_each_as_its_own_and_one_that_raises_holds_up_none() -> None:
+    """A worker's inputs sent together come as one record (records.Inputs): each is decided as if it came
+    alone, in order; one whose handling raises has the record dead-lettered (by the batch's guard) and
+    the inputs after it are still decided."""
+    sent: list[Any] = []
+    lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (tid, version, ev))
+    spec = TaskSpec("t", "acme", ("true",))
+    for tid in ("t1", "t2", "t3"):
+        lc.tasks[tid.encode()] = dumps(TaskRecord(TaskState(tid, Status.QUEUED, 4, spec, "s", attempt=1)))
+    real_load = lc.load
+
+    def load(task_id: str) -> TaskRecord:
+        if task_id == "t2":
+            raise RuntimeError("a bug on t2")
+        return real_load(task_id)
+
+    lc.load = load  # type: ignore[method-assign]
+    claims = [
+        r.InputRecord(f"i{n}", tid, 100, "w", r.ClaimRequest(1, "w", f"c{n}"))
+        for n, tid in enumerate(("t1", "t2", "t3"))
+    ]
+    packed = r.pack_inputs(claims, "w")
+    message = SimpleNamespace(topic="inputs", partition=0, offset=7, key=b"t1", value=packed, headers={})
+    failed: list[tuple[int, str]] = []
+
+    async def guard(msg: Any, handling: Any) -> None:
+        try:
+            await handling
+        except Exception as exc:
+            failed.append((msg.offset, str(exc)))
+
+    import asyncio
+
+    asyncio.run(lc.on_batch([message], "events", guard))
+    assert failed == [(7, "a bug on t2")]
+    assert [(tid, type(ev).__name__) for _, _, (tid, _, ev) in sent[0]] == [
+        ("t1", "TaskClaimed"),
+        ("t3", "TaskClaimed"),
+    ]
+    assert loads(lc.tasks[b"t3"]).state.status is Status.CLAIMED

@@ -489,8 +489,10 @@ def main() -> int:
     finally:
         if svc is not None:
             svc.close()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
     report = {
         "when": when(),
+        "commit": commit.stdout.strip() or None,  # what taskstream's side ran (None: not a git checkout)
         "quick": args.quick,
         "runs": runs,
         "sizes": {w: sizes[w] for w in workloads},

@@ -59,6 +59,12 @@ def chunks(recs: list[Any], weight: Any) -> list[list[Any]]:
     return out
 
 
+def text_weight(body: Any) -> int:
+    """About how many bytes an event's payload or an input's body takes: an output tail and a reason
+    are what can make one big."""
+    return 200 + len(getattr(body, "output_tail", "")) + len(getattr(body, "reason", ""))
+
+
 def _spec_weight(q: QueuedTask) -> int:
     """About how many bytes a queue record's task takes: its spec's strings are what can make it big."""
     spec = q.spec
@@ -138,11 +144,11 @@ class Context:
             else:
                 out.append(send)
         for recs in events.values():
-            # an output tail and a reason are what can make an event big
-            for chunk in chunks(recs, lambda p: 200 + len(getattr(p.payload, "output_tail", ""))
-                                 + len(getattr(p.payload, "reason", ""))):  # fmt: skip
-                only = len(recs) == 1
-                out.append((self.events, str(chunk[0].task_id), chunk[0] if only else pack(chunk, self.node)))
+            if len(recs) == 1:
+                out.append((self.events, str(recs[0].task_id), recs[0]))
+                continue
+            for chunk in chunks(recs, lambda ev: text_weight(ev.payload)):
+                out.append((self.events, str(chunk[0].task_id), pack(chunk, self.node)))
         for qs in queued.values():
             for chunk in chunks(qs, _spec_weight):
                 out.append((self.queue, chunk[0].task_id, chunk[0] if len(chunk) == 1 else pack_queued(chunk)))

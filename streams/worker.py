@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from taskstream.connectors.keeper import Keeper, die_with_parent
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
-from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context, chunks
+from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context, chunks, text_weight
 from taskstream.streams.runner import CallFailed, Runner, Runners
 
 from taskstream.core import events as e
@@ -120,7 +120,7 @@ class Reports:
             groups.setdefault(self.ctx.partition(rec.task_id), []).append(rec)
         sends = []
         for recs in groups.values():
-            for chunk in chunks(recs, _input_weight):
+            for chunk in chunks(recs, lambda rec: text_weight(rec.body)):
                 one = chunk[0] if len(chunk) == 1 else r.pack_inputs(chunk, self.ctx.node)
                 sends.append((self.ctx.inputs, chunk[0].task_id, one))
         try:
@@ -137,11 +137,6 @@ class Reports:
         for _, fut in waiting:
             if not fut.done():
                 fut.set_result(None)
-
-
-def _input_weight(rec: r.InputRecord) -> int:
-    body = rec.body  # a finish report's output tail and reason are what can make an input big
-    return 200 + len(getattr(body, "output_tail", "")) + len(getattr(body, "reason", ""))
 
 
 class ClaimWaiter:

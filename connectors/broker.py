@@ -10,6 +10,7 @@ Differences that remain, each measured (docs/measurements.md, "Kafka and noida-d
 | empty fetch | held until records arrive or fetch.wait.max.ms | answered at once: idle consumers rest unassigned |
 | fetch size limits | honoured | ignored: consumers accept any size |
 | a SIGKILLed group member | expired after its session timeout | never expired: admission keeps its own membership |
+| a restarted Faust worker | given partitions once the dead session expired | leaves the group for its dead run first |
 | a transactional id after an abort | reusable | its later records are hidden: never reused |
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from taskstream.connectors import noida
@@ -84,10 +86,16 @@ def admission_ownership(settings: Settings, owner: Owner, state: Any) -> Ownersh
     return GroupOwnership(settings, owner, state)
 
 
-def install_client_patches(settings: Settings) -> None:
-    """Adjust aiokafka (Faust's client) for this broker, before the Faust app is built."""
+def install_client_patches(settings: Settings, member_file: Path | None = None) -> None:
+    """Adjust aiokafka (Faust's client) for this broker, before the Faust app is built. `member_file`:
+    where a consumer-group member (a Faust worker) keeps its member id from one run to the next. On
+    noida-db, which never expires a SIGKILLed member, a restarted member leaves the group for its dead
+    predecessor first (connectors/noida.py); Kafka expires it after the session timeout."""
     if of(settings) is NOIDA:
         noida.install_idle_backoff(settings.idle_backoff_ms / 1000)
+        if member_file is not None:
+            noida.leave_for_predecessor(settings, member_file)
+            noida.remember_group_member(member_file)
 
 
 def faust_settings(settings: Settings) -> dict[str, Any]:

@@ -11,7 +11,8 @@ docs/measurements.md have the measurements):
 - It ignores fetch size limits (one 224 MB answer after 1M events): consumers accept answers of any size.
 - It never expires the session of a SIGKILLed consumer-group member, so the submitter cluster keeps its
   own membership: heartbeats on a topic and rendezvous hashing over the live members
-  (`HeartbeatOwnership`).
+  (`HeartbeatOwnership`); a restarted Faust worker sends the LeaveGroup its dead predecessor never did
+  (`leave_for_predecessor`).
 - It lists every aborted transaction still in the log with each fetch, and clients then skip every
   later record of that producer id: a transactional id is never written again after an abort, and a
   new owner fences every id the previous owners announced.
@@ -28,6 +29,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaException, Message, TopicPartition
@@ -39,6 +41,7 @@ from taskstream.settings import Settings
 
 log = logging.getLogger("taskstream.admission")
 _MARK = "_taskstream_idle_backoff"
+_MEMBER_MARK = "_taskstream_remember_member"
 BIG_BATCH_BYTES = 256 * 1024  # records worth unassigning the consumer for while they are worked on
 READ_EVERY_S = 0.25  # how often a member reads the others' heartbeats
 IDLE_MAX_S = 0.05  # the longest an idle admission worker waits before looking for new commands again
@@ -148,6 +151,79 @@ def install_idle_backoff(seconds: float) -> None:
 
     setattr(proc_fetch_request, _MARK, seconds)
     Fetcher._proc_fetch_request = proc_fetch_request  # type: ignore[method-assign]
+
+
+def remember_group_member(path: Path) -> None:
+    """Write this process's consumer-group member id and pid to `path` each time it joins a group, so
+    that its next run can take the membership back (`leave_for_predecessor`). Pinned to aiokafka 0.14.0,
+    whose `GroupCoordinator._on_join_complete(generation, member_id, ...)` runs after every join."""
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+
+    original = GroupCoordinator._on_join_complete
+    if getattr(original, _MEMBER_MARK, False):
+        return
+
+    async def on_join_complete(self: Any, generation: Any, member_id: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"group": self.group_id, "member": member_id, "pid": os.getpid()}))
+        except OSError as exc:  # a restart then waits like before; nothing else depends on it
+            log.warning("could not record the group member id in %s: %s", path, exc)
+        return await original(self, generation, member_id, *args, **kwargs)
+
+    setattr(on_join_complete, _MEMBER_MARK, True)
+    GroupCoordinator._on_join_complete = on_join_complete  # type: ignore[method-assign]
+
+
+def leave_for_predecessor(settings: Settings, path: Path) -> str | None:
+    """Take a dead predecessor's group membership back: noida-db never expires the session of a SIGKILLed
+    member, and a group with a dead member never finishes a rebalance, so a restarted worker was never
+    given partitions (docs/measurements.md). A LeaveGroup sent on the dead member's behalf, with the
+    member id its run wrote to `path`, removes it (measured: the next member is assigned within
+    seconds). Nothing is sent while the recorded process is still alive. Returns the member id left."""
+    try:
+        known = json.loads(path.read_text())
+        group, member, pid = str(known["group"]), str(known["member"]), int(known["pid"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring the unreadable group member record %s: %s", path, exc)
+        return None
+    if pid != os.getpid() and _alive(pid):
+        log.warning("not leaving group %s for member %s: its process %s is alive", group, member, pid)
+        return None
+
+    async def leave() -> int:
+        from aiokafka.client import AIOKafkaClient, CoordinationType
+        from aiokafka.protocol.group import LeaveGroupRequest
+
+        client = AIOKafkaClient(bootstrap_servers=settings.bootstrap)
+        await client.bootstrap()
+        try:
+            node = await client.coordinator_lookup(CoordinationType.GROUP, group)
+            answer = await client.send(node, LeaveGroupRequest(group, member))
+            return int(answer.error_code)
+        finally:
+            await client.close()
+
+    code = asyncio.run(leave())
+    path.unlink(missing_ok=True)
+    log.info("left group %s for the dead member %s of a previous run (error code %s)", group, member, code)
+    return member
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 # ---- the submitter cluster's own membership -----------------------------------------------------------

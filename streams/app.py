@@ -281,7 +281,7 @@ class _Msg:
 
 def run_worker(settings: Settings, index: int) -> None:
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
-    broker.install_client_patches(settings)
+    broker.install_client_patches(settings, settings.state_dir / "faust" / f"worker-{index}.member")
     read_committed_only()
     ack_processed_only()
     seek_uncommitted_to_beginning({settings.topic(t) for t in ("events", "task-inputs", "queue")})

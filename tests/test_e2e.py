@@ -476,6 +476,7 @@ def test_every_event_names_its_kind_in_a_header(stack: Stack) -> None:
         assert named == kinds, (rec_id, named, kinds)
 
 
+@pytest.mark.big_history
 def test_a_large_dag_is_admitted_whole_and_both_projections_show_every_node_and_edge(stack: Stack) -> None:
     """4,000 tasks (a ~350 KB command, ~1.5 MB of packed admission records): large enough for the paths
     that stop fetching while a big batch is decided or applied, and for several packed records per

@@ -220,3 +220,16 @@ def start_worker(env: dict[str, str], index: int) -> tuple[subprocess.Popen[byte
         stderr=subprocess.STDOUT,
     )
     return proc, log
+
+
+def add_set_option(ap: Any) -> None:
+    """`--set NAME=VALUE` (repeatable): run the stack with a setting changed (TASKSTREAM_<NAME>)."""
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a stack setting, e.g. claim_ahead=32; results go to a file of their own")  # fmt: skip
+
+
+def set_settings(ap: Any, items: list[str]) -> dict[str, str]:
+    bad = [item for item in items if "=" not in item or item.startswith("=")]
+    if bad:
+        ap.error(f"--set takes NAME=VALUE, not {bad[0]!r}")
+    return dict(item.split("=", 1) for item in items)

@@ -8,9 +8,9 @@ shows as latency instead of hiding it. Submit -> start is the TaskStarted's even
 intended send time; each hop's share comes from the event times PostgreSQL keeps (admitted, queued,
 claimed, started). Last, a chain of 40 no-op callables: from its send to the last task's success.
 
-    python bench/latency.py [--engines kafka|fallback|both] [--probe 300] [--seconds 20]
+    python bench/latency.py [--engines kafka|fallback|both] [--probe 300] [--seconds 20] [--set NAME=VALUE ...]
 
-Writes bench/results/latency-<pair>.json.
+Writes bench/results/latency-<pair>.json (latency-<pair>-set.json with --set).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _stack import embedded_stack, kinds, percentiles_ms, settings_of, when, write_report
+from _stack import add_set_option, embedded_stack, kinds, percentiles_ms, set_settings, settings_of, when, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -57,9 +57,11 @@ def main() -> int:
     ap.add_argument("--engines", choices=("kafka", "fallback", "both"), default="kafka")
     ap.add_argument("--probe", type=int, default=300)
     ap.add_argument("--seconds", type=float, default=20.0)
+    add_set_option(ap)
     args = ap.parse_args()
+    extra = set_settings(ap, args.set)
     for kind in kinds(args.engines):
-        with embedded_stack(kind) as env:
+        with embedded_stack(kind, **extra) as env:
             s = settings_of(env)
             conn = psycopg.connect(s.dsn, autocommit=True)
             total = 0
@@ -130,9 +132,10 @@ def main() -> int:
             "chain_of_40_seconds": round(chain_s, 3),
             "aim": "p50 under 10 ms and p99 under 50 ms at half the maximum rate; the chain under 0.4 s",
             "how": f"{args.probe} one-task submissions for the maximum; {args.seconds:g} s per level",
+            "settings": extra,
             "when": when(),
         }
-        write_report(RESULTS / f"latency-{kind}.json", report)
+        write_report(RESULTS / f"latency-{kind}{'-set' if extra else ''}.json", report)
     return 0
 
 

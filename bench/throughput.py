@@ -30,7 +30,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _stack import descendants, embedded_stack, kinds, services, settings_of, summary, when, write_report
+from _stack import (
+    add_set_option,
+    descendants,
+    embedded_stack,
+    kinds,
+    services,
+    set_settings,
+    settings_of,
+    summary,
+    when,
+    write_report,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -158,13 +169,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--workload", choices=("dag", "single", "both"), default="both")
     ap.add_argument("--profile", type=float, default=0.0, help="py-spy the worker for this many seconds")
-    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a stack setting, e.g. claim_ahead=32; results go to a file of their own")  # fmt: skip
+    add_set_option(ap)
     args = ap.parse_args()
-    bad = [item for item in args.set if "=" not in item or item.startswith("=")]
-    if bad:
-        ap.error(f"--set takes NAME=VALUE, not {bad[0]!r}")
-    extra = dict(item.split("=", 1) for item in args.set)
+    extra = set_settings(ap, args.set)
     workloads = ["dag", "single"] if args.workload == "both" else [args.workload]
     for kind in kinds(args.engines):
         report: dict[str, Any] = {

@@ -77,7 +77,6 @@ class Lifecycle:
         # whether its partition is still this worker's. Without them (tests), every write goes ahead.
         self.tenure = tenure
         self.holds = holds or (lambda _message: True)
-        self._guard: Any = _unguarded  # the batch's guard (on_batch)
 
     def load(self, task_id: str) -> TaskRecord:
         key = task_id.encode()
@@ -108,14 +107,12 @@ class Lifecycle:
         messages of partitions still held are decided again, against the table as it is now."""
         rebalances = self.tenure.completed if self.tenure is not None else 0
         batch = self._batch = _Batch()
-        self._guard = guard  # a packed record's inputs are each guarded on their own (_on_input)
         try:
             for message in messages:
                 self._message = message
                 await guard(message, self.on_message(message, events_topic))
         finally:
             self._batch = self._message = None
-            self._guard = _unguarded
         if self.tenure is not None and await self.tenure.settled() != rebalances:
             kept = [m for m in messages if self.holds(m)]
             log.info("a rebalance came before a batch was written: %d of %d input(s) decided again",
@@ -199,8 +196,15 @@ class Lifecycle:
             await self.ctx.dead_letter(message, err.reason, "lifecycle")
             return
         if type(inp.body) is r.Inputs:  # several inputs in one record (a worker's, sent together)
-            for member in inp.body.items:  # one that raises is dead-lettered (the whole record), the rest go on
-                await self._guard(message, self._input(member))
+            failures = []
+            for member in inp.body.items:  # one that raises holds up none of the others ...
+                try:
+                    await self._input(member)
+                except Exception as exc:
+                    log.exception("lifecycle could not handle input %s of a packed record", member.input_id)
+                    failures.append(f"{member.task_id} {type(member.body).__name__}: {type(exc).__name__}: {exc}")
+            if failures:  # ... and the record is dead-lettered once, naming every one that raised
+                raise PackedInputsFailed(f"{len(failures)} of {len(inp.body.items)} inputs: " + "; ".join(failures))
             return
         await self._input(inp)
 
@@ -466,5 +470,5 @@ class Lifecycle:
 _ENDINGS = (e.TaskSucceeded, e.TaskDeadLettered, e.TaskCancelled, e.TaskRejected)
 
 
-async def _unguarded(_message: Any, handling: Any) -> None:
-    await handling
+class PackedInputsFailed(Exception):
+    """Inputs of one packed record raised: the record goes to the dead letters once, with all of them."""

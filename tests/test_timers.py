@@ -231,24 +231,24 @@ def test_a_start_that_came_with_its_finish_is_decided_first_at_its_own_time_and_
 
 def test_inputs_packed_in_one_record_are_decided_each_as_its_own_and_one_that_raises_holds_up_none() -> None:
     """A worker's inputs sent together come as one record (records.Inputs): each is decided as if it came
-    alone, in order; one whose handling raises has the record dead-lettered (by the batch's guard) and
-    the inputs after it are still decided."""
+    alone, in order; those whose handling raises have the record dead-lettered once (by the batch's
+    guard), naming each of them, and the inputs after them are still decided."""
     sent: list[Any] = []
     lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (tid, version, ev))
     spec = TaskSpec("t", "acme", ("true",))
-    for tid in ("t1", "t2", "t3"):
+    for tid in ("t1", "t2", "t3", "t4"):
         lc.tasks[tid.encode()] = dumps(TaskRecord(TaskState(tid, Status.QUEUED, 4, spec, "s", attempt=1)))
     real_load = lc.load
 
     def load(task_id: str) -> TaskRecord:
-        if task_id == "t2":
-            raise RuntimeError("a bug on t2")
+        if task_id in ("t2", "t4"):
+            raise RuntimeError(f"a bug on {task_id}")
         return real_load(task_id)
 
     lc.load = load  # type: ignore[method-assign]
     claims = [
         r.InputRecord(f"i{n}", tid, 100, "w", r.ClaimRequest(1, "w", f"c{n}"))
-        for n, tid in enumerate(("t1", "t2", "t3"))
+        for n, tid in enumerate(("t1", "t2", "t3", "t4"))
     ]
     packed = r.pack_inputs(claims, "w")
     message = SimpleNamespace(topic="inputs", partition=0, offset=7, key=b"t1", value=packed, headers={})
@@ -263,7 +263,9 @@ def test_inputs_packed_in_one_record_are_decided_each_as_its_own_and_one_that_ra
     import asyncio
 
     asyncio.run(lc.on_batch([message], "events", guard))
-    assert failed == [(7, "a bug on t2")]
+    assert failed == [
+        (7, "2 of 4 inputs: t2 ClaimRequest: RuntimeError: a bug on t2; t4 ClaimRequest: RuntimeError: a bug on t4")
+    ]
     assert [(tid, type(ev).__name__) for _, _, (tid, _, ev) in sent[0]] == [
         ("t1", "TaskClaimed"),
         ("t3", "TaskClaimed"),

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from taskstream.connectors.keeper import pid_alive
+
 from taskstream.settings import Settings
 
 JVM_DIR = Path(__file__).resolve().parent / "jvm"
@@ -228,7 +230,7 @@ def class_data_options(settings: Settings, engine: Engine, java: Java, cp: str) 
     final = cache / f"{engine.name}-{key}.jsa"
     for done in sorted(cache.glob(f"{engine.name}-{key}.*.jsa.part")):
         pid = int(done.name.split(".")[-3]) if done.name.split(".")[-3].isdigit() else 0
-        if pid and _alive(pid):
+        if pid and pid_alive(pid):
             continue  # still being written by a running JVM
         if not final.exists() and done.stat().st_size > 0:
             os.replace(done, final)
@@ -240,16 +242,6 @@ def class_data_options(settings: Settings, engine: Engine, java: Java, cp: str) 
     # Named after the process that starts the JVM (the supervisor), which outlives it: a part file whose
     # starter is gone was finished, or abandoned by a JVM that was killed (then the JVM rejects it).
     return [f"-XX:ArchiveClassesAtExit={cache / f'{engine.name}-{key}.{os.getpid()}.jsa.part'}"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def ensure(settings: Settings, engine: Engine, progress: Progress | None = None) -> tuple[Java, str]:

@@ -75,5 +75,20 @@ def main() -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists and has not exited (a zombie has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 if __name__ == "__main__":
     main()

@@ -34,6 +34,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 from taskstream.connectors import kafka
+from taskstream.connectors.keeper import pid_alive
 from taskstream.connectors.ownership import Owner, StatusBeats
 from taskstream.connectors.reading import ReadTimeout, read_to_end
 
@@ -189,7 +190,7 @@ def leave_for_predecessor(settings: Settings, path: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("ignoring the unreadable group member record %s: %s", path, exc)
         return None
-    if pid != os.getpid() and _alive(pid):
+    if pid != os.getpid() and pid_alive(pid):
         log.warning("not leaving group %s for member %s: its process %s is alive", group, member, pid)
         return None
 
@@ -206,24 +207,15 @@ def leave_for_predecessor(settings: Settings, path: Path) -> str | None:
         finally:
             await client.close()
 
-    code = asyncio.run(leave())
+    try:
+        code = asyncio.run(leave())
+    except Exception as exc:  # the worker starts anyway; it is given partitions once the group lets it
+        log.warning("could not leave group %s for the dead member %s (tried again at the next start): %s",
+                    group, member, exc)  # fmt: skip
+        return None
     path.unlink(missing_ok=True)
     log.info("left group %s for the dead member %s of a previous run (error code %s)", group, member, code)
     return member
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 # ---- the submitter cluster's own membership -----------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from taskstream.connectors import services as sv
+from taskstream.connectors.keeper import pid_alive as pid_alive  # the CLI asks the supervisor module
 from taskstream.settings import Settings
 
 log = logging.getLogger("taskstream.supervisor")
@@ -35,20 +36,6 @@ def read_status(settings: Settings) -> dict[str, Any] | None:
         return json.loads(status_file(settings).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _die_with_parent() -> None:

@@ -25,6 +25,11 @@ graph_app = typer.Typer(no_args_is_help=True, help="Ask the dependency graph (La
 app.add_typer(graph_app, name="graph")
 serve_app = typer.Typer(hidden=True, help="Run one service in the foreground (the supervisor uses these).")
 app.add_typer(serve_app, name="serve")
+dlq_app = typer.Typer(
+    no_args_is_help=True, help="Dead letters: tasks whose retries ran out, and records nobody could decode."
+)
+app.add_typer(dlq_app, name="dlq")
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 TERMINAL = frozenset(st.value for st in TERMINAL_STATUSES)  # status names as the read model stores them
@@ -330,17 +335,8 @@ def follow_submission(s: Settings, sid: str, timeout: float, tasks: int | None =
 @app.command()
 def status(task: Annotated[str | None, typer.Argument(help="a task id; omit for an overview")] = None) -> None:
     """Show the stack and task counts, or one task with its attempts."""
-    import psycopg
-
     s = settings()
-    try:
-        conn = psycopg.connect(s.dsn, autocommit=True)
-    except psycopg.OperationalError as exc:
-        fail(
-            f"cannot reach PostgreSQL at {s.dsn.split(' connect_timeout')[0]} (is the stack up?): "
-            f"{str(exc).strip().splitlines()[0]}"
-        )
-    with conn:
+    with _read_model(s) as conn:
         if task is None:
             if s.embedded_kafka:
                 _print_services(s)
@@ -388,6 +384,17 @@ def status(task: Annotated[str | None, typer.Argument(help="a task id; omit for 
                 lit((tail or "").strip()[-200:]),
             )
         console.print(t)
+
+
+def _read_model(s: Settings) -> Any:
+    """A connection to the PostgreSQL read model, or a one-line error saying it cannot be reached."""
+    import psycopg
+
+    try:
+        return psycopg.connect(s.dsn, autocommit=True)
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fail(f"cannot reach PostgreSQL at {s.dsn.split(' connect_timeout')[0]} (is the stack up?): {first}")
 
 
 def _print_lag(s: Settings) -> None:
@@ -548,6 +555,78 @@ def reprioritize(
     console.print(f"task {task} ({lit(before['name'])}): priority {before['priority']} -> {priority}")
 
 
+# ---- dead letters --------------------------------------------------------------------------------------
+
+
+@dlq_app.command("list")
+def dlq_list(
+    limit: Annotated[int, typer.Option(min=1, help="show at most this many of each, newest first")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tasks dead-lettered (retries or leases ran out) and records no agent could decode, newest first,
+    from the read model. `taskstream dlq retry TASK` runs such a task again."""
+    s = settings()
+    with _read_model(s) as conn:
+        tasks = conn.execute(
+            "SELECT task_id::text, name, tenant, attempt, finished_at, reason FROM tasks "
+            "WHERE status = 'DEAD_LETTERED' ORDER BY finished_at DESC NULLS LAST, task_id LIMIT %s",
+            (limit,),
+        ).fetchall()
+        records = conn.execute(
+            "SELECT source_topic, source_partition, source_offset, detected_by, reason, logged_at, "
+            'octet_length(value) FROM dead_letters ORDER BY logged_at DESC, topic, partition, "offset" LIMIT %s',
+            (limit,),
+        ).fetchall()
+    if as_json:
+        task_keys = ("task_id", "name", "tenant", "attempts", "dead_lettered_at", "reason")
+        rec_keys = ("topic", "partition", "offset", "detected_by", "reason", "logged_at", "bytes")
+        print(json.dumps(
+            {"tasks": [dict(zip(task_keys, t, strict=True)) for t in tasks],
+             "records": [dict(zip(rec_keys, r, strict=True)) for r in records]},
+            default=str,
+        ))  # fmt: skip
+        return
+    t = Table(title=f"dead-lettered tasks ({len(tasks)}{'+' if len(tasks) == limit else ''})")
+    for col in ("task", "name", "tenant", "attempts", "when", "why"):
+        t.add_column(col)
+    for tid, name, tenant, attempts, when, why in tasks:
+        t.add_row(tid, lit(name), lit(tenant), str(attempts), str(when or "-"), lit(why))
+    console.print(t)
+    u = Table(title=f"records nobody could decode ({len(records)}{'+' if len(records) == limit else ''})")
+    for col in ("from", "found by", "when", "bytes", "why"):
+        u.add_column(col)
+    for topic, part, offset, by, why, when, size in records:
+        u.add_row(f"{lit(topic)}[{part}]@{offset}", lit(by or "-"), str(when), str(size or 0), lit(why))
+    console.print(u)
+
+
+@dlq_app.command("retry")
+def dlq_retry(
+    task: Annotated[str, typer.Argument(help="the id of a dead-lettered task")],
+    follow: Annotated[bool, typer.Option("--follow/--no-follow", help="watch the new task until it ends")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for admission (and, with --follow, the end)")] = 120,
+) -> None:
+    """Run a dead-lettered task again: a new task of the same tenant and specification, labelled
+    retry_of=TASK. The dead-lettered task and its cancelled dependents stay as they ended. Retrying the
+    same task twice gives the same new task. Exit status: 0 accepted (and, with --follow, succeeded), 1
+    unknown, not dead-lettered or not accepted."""
+    from taskstream.sdk import Client, SubmitError
+
+    s = settings()
+    try:
+        with Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}") as client:
+            command_id, sid = client.retry_dead_lettered(task)
+            outcome = client.wait_outcome(sid, timeout=min(timeout, 120), command_id=command_id)
+    except SubmitError as exc:
+        fail(str(exc))
+    if not outcome.accepted:
+        fail(f"the retry of task {task} was rejected: {'; '.join(lit(p['reason']) for p in outcome.errors)}")
+    (new,) = outcome.task_ids.values()
+    console.print(f"[green]retrying[/] task {task} as task {new} (submission {sid})")
+    if follow:
+        raise typer.Exit(0 if follow_submission(s, sid, timeout, tasks=1) else 1)
+
+
 def _wait_task(client: Any, task: str, done: Any, timeout: float) -> dict[str, Any] | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -599,9 +678,6 @@ def _print_ids(ids: list[str], as_json: bool) -> None:
     else:
         for i in ids:
             print(i)
-
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
 @graph_app.command("unblocked")

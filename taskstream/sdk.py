@@ -3,6 +3,7 @@ topic (Confluent wire format, schema from the registry), plus readers of the out
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -78,7 +79,12 @@ class Client:
             partitioner="murmur2_random",
             **{"enable.idempotence": False, "max.in.flight.requests.per.connection": 1},
         )
-        self._connect()
+        self._closed = False
+        try:
+            self._connect()
+        except SubmitError:
+            self._producer.close()
+            raise
         self._reader: Any = None  # a read_committed consumer of the events topic, made on first use
         self._marks: OrderedDict[str, TopicPartition] = OrderedDict()  # command id -> where its decision will be
         self._ends: dict[int, tuple[float, int]] = {}  # partition -> (when learnt, monotonic; its end then)
@@ -182,6 +188,44 @@ class Client:
                 raise TaskError(f"task {task_id} {past} ({st.lower()}); its priority no longer orders anything")
         return self._send(task_id, ReprioritizeTaskRequest(task_id, priority))
 
+    def retry_dead_lettered(self, task_id: str) -> tuple[str, str]:
+        """Run a dead-lettered task again, as a new one-task submission of the same tenant with the
+        same specification (its prerequisites had all succeeded, so it has none) and the label
+        `retry_of`. The dead-lettered task stays as it ended, and so do its dependents (they ended
+        cancelled when it was dead-lettered): every submission still has exactly one outcome per task.
+        Idempotent: retrying the same task again returns the same submission. Returns (command id,
+        submission id); TaskError if the task is unknown or not dead-lettered."""
+        self.task(task_id)  # a clear error for a malformed or unknown id
+        with psycopg.connect(self.settings.dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT status, name, tenant, argv, env, working_dir, cpu, memory_mb, gpu, execution_cap_ms, "
+                "retry_limit, backoff, delay_tolerance_ms, priority, labels, call FROM tasks WHERE task_id = %s",
+                (task_id,),
+            ).fetchone()
+        if row is None:  # pragma: no cover (self.task found it a moment ago; rows are never deleted)
+            raise TaskError(f"no task {task_id} in the read model")
+        status, name, tenant, argv, env, wd, cpu, mem, gpu, cap, limit, bo, tol, prio, labels, call = row
+        if status != model.Status.DEAD_LETTERED:
+            raise TaskError(f"task {task_id} is {status.lower()}, not dead-lettered: only a dead letter is retried")
+        args = None if call is None else (call["target"], json.dumps(call["args"]), json.dumps(call["kwargs"]))
+        spec = model.TaskSpec(
+            name=name,
+            tenant=tenant,
+            argv=tuple(argv),
+            env=dict(env),
+            working_dir=wd,
+            resources=model.Resources(cpu=cpu, memory_mb=mem, gpu=gpu),
+            execution_cap_ms=cap,
+            retry_limit=limit,
+            backoff=model.Backoff(bo["initial_ms"], bo["factor"], bo["max_ms"], bo["jitter"]),
+            delay_tolerance_ms=tol,
+            priority=prio,
+            labels={**labels, "retry_of": task_id},
+            call=None if args is None else model.Call(*args),
+        )
+        retry = Submission(tenant, (spec,), idempotency_key=f"dlq-retry/{task_id}", labels={"retry_of": task_id})
+        return self.submit(retry)
+
     def task(self, task_id: str) -> dict[str, Any]:
         """The task as the PostgreSQL read model has it now (status, priority, attempt, worker, reason,
         name); TaskError if the id is not a task id or the read model has no such task."""
@@ -270,11 +314,19 @@ class Client:
         )
 
     def close(self) -> None:
-        """Deliver what is still queued and let go of the broker connections."""
-        self._producer.flush(30)
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        """Deliver what is still queued and let go of the broker connections. Closing again does
+        nothing. A producer left open went on reconnecting, and logging "Connection refused" once the
+        stack had stopped, for as long as the program ran."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._producer.flush(30)
+        finally:
+            self._producer.close()
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
     def __enter__(self) -> Client:
         return self

@@ -326,3 +326,60 @@ def test_an_initdb_failure_names_its_cause_not_its_clean_up(tmp_path) -> None:  
     with pytest.raises(ServiceError, match="No space left on device") as err:
         initdb(Settings(state_dir=tmp_path / "state", pg_bin=str(bin_dir)))
     assert "removing contents" not in str(err.value)
+
+
+def test_dlq_lists_dead_letters_and_retry_runs_one_again_as_a_new_task(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from confluent_kafka import Producer
+
+    gate = tmp_path / "open"  # the task fails until this file exists
+    program = f"import os, sys; print('[/x] gate'); sys.exit(0 if os.path.exists({str(gate)!r}) else 3)"
+    dag = tmp_path / "gated.yaml"
+    dag.write_text(
+        f"tenant: acme\ntasks:\n  - name: gated\n    argv: [python3, -c, {json.dumps(program)}]\n"
+        "    labels: {team: '[red]data'}\n"
+        "  - name: after\n    argv: [python3, -c, 'print(1)']\n    dependencies: [gated]\n"
+    )
+    ids = dict(re.findall(r"^  (\S+)  ([0-9a-f-]{36})$", stack.cli("submit", str(dag)).stdout, re.M))
+    gated, after = ids["gated"], ids["after"]
+    marker = uuid.uuid4().hex.encode()
+    p = Producer({"bootstrap.servers": stack.settings.bootstrap})
+    p.produce(stack.settings.topic("commands"), key=marker, value=b"[/x] not avro")
+    assert p.flush(30) == 0
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
+
+        def status(tid: str) -> str | None:
+            row = conn.execute("SELECT status FROM tasks WHERE task_id = %s", (tid,)).fetchone()
+            return row[0] if row else None
+
+        wait_until(lambda: status(gated) == "DEAD_LETTERED" and status(after) == "CANCELLED", 90, "the dead letter")
+        wait_until(lambda: conn.execute("SELECT 1 FROM dead_letters WHERE key = %s", (marker,)).fetchone(), 60)
+
+        listed = json.loads(stack.cli("dlq", "list", "--json").stdout)
+        mine = [t for t in listed["tasks"] if t["task_id"] == gated]
+        assert len(mine) == 1 and mine[0]["name"] == "gated" and mine[0]["attempts"] == 1
+        assert "exit status 3; 1 attempt(s), retry limit reached" in mine[0]["reason"]
+        assert after not in {t["task_id"] for t in listed["tasks"]}  # cancelled, not dead-lettered
+        assert any(r["topic"] == stack.settings.topic("commands") and "magic byte" in r["reason"]
+                   for r in listed["records"])  # fmt: skip
+        table = stack.cli("dlq", "list").stdout
+        assert gated in table and "exit status 3" in table and "magic byte 91 is not 0" in table
+
+        refused = stack.cli("dlq", "retry", after, check=False)
+        assert refused.returncode == 1 and f"task {after} is cancelled, not dead-lettered" in refused.stderr
+        unknown = str(uuid.uuid4())
+        nobody = stack.cli("dlq", "retry", unknown, check=False)
+        assert nobody.returncode == 1 and f"no task {unknown} in the read model" in nobody.stderr
+
+        gate.touch()
+        out = stack.cli("dlq", "retry", gated, "--follow", "--timeout", "90")
+        (new,) = re.findall(rf"retrying task {gated} as task ([0-9a-f-]{{36}})", out.stdout)
+        assert "SUCCEEDED" in out.stdout
+        row = conn.execute(
+            "SELECT status, name, tenant, labels, argv, attempt FROM tasks WHERE task_id = %s", (new,)
+        ).fetchone()
+        assert row[:3] == ("SUCCEEDED", "gated", "acme") and row[3] == {"team": "[red]data", "retry_of": gated}
+        assert row[4][-1] == program and row[5] == 1
+        assert (status(gated), status(after)) == ("DEAD_LETTERED", "CANCELLED")  # they stay as they ended
+        again = stack.cli("dlq", "retry", gated)  # the same retry, not a second one
+        assert f"as task {new}" in again.stdout
+        assert conn.execute("SELECT count(*) FROM tasks WHERE labels->>'retry_of' = %s", (gated,)).fetchone() == (1,)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import IO
 
 PR_SET_PDEATHSIG = 1
@@ -60,6 +62,33 @@ class Keeper:
             self.pipe.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
+
+
+class Taken(Exception):
+    """Another live process holds the lock (`hold`); `pid` is the one it wrote, if it could be read."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        super().__init__(f"{path} is held by pid {pid if pid is not None else '?'}")
+        self.path, self.pid = path, pid
+
+
+def hold(path: Path) -> IO[str]:
+    """Lock `path` for the rest of this process's life, with this pid written in it; the kernel lets go
+    when the process ends, however it ends (SIGKILL included), so a stale lock never refuses anyone.
+    Keep the returned file open. Taken if a live process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = path.open("a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        text = f.read().strip()
+        f.close()
+        raise Taken(path, int(text) if text.isdigit() else None) from None
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from taskstream.connectors.faust_patches import (
     track_heartbeats,
 )
 from taskstream.connectors.kafka import faust_app_id, make_codec
-from taskstream.connectors.keeper import Keeper
+from taskstream.connectors.keeper import Keeper, Taken, hold
 from taskstream.connectors.services import ready_file
 from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired, queued_tasks
@@ -267,6 +267,26 @@ async def _guarded(ctx: Context, msg: Any, agent: str, handling: Any) -> None:
         await ctx.dead_letter(msg, f"{agent} failed on this record: {type(exc).__name__}: {exc}", agent)
 
 
+_held: list[Any] = []
+
+
+class WorkerIndexTaken(RuntimeError):
+    pass
+
+
+def hold_index(settings: Settings, index: int) -> Any:
+    """The lock of worker `index` in this state directory (connectors/keeper.hold), or WorkerIndexTaken
+    naming the worker that runs under it and what to do instead."""
+    path = settings.state_dir / "faust" / f"worker-{index}.lock"
+    try:
+        return hold(path)
+    except Taken as taken:
+        raise WorkerIndexTaken(
+            f"worker {index} of {settings.state_dir} is already running (pid {taken.pid or '?'}); "
+            "start this one with another --index"
+        ) from None
+
+
 class _Msg:
     """The parts of a Faust event the handlers use (topic, partition, offset, timestamp, key, value)."""
 
@@ -281,6 +301,9 @@ class _Msg:
 
 def run_worker(settings: Settings, index: int) -> None:
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
+    # One process per worker index and state directory: a second would share the first one's table
+    # store and node id. Held until this process ends.
+    _held.append(hold_index(settings, index))
     broker.install_client_patches(settings, settings.state_dir / "faust" / f"worker-{index}.member")
     read_committed_only()
     ack_processed_only()

@@ -945,10 +945,49 @@ def serve_admission(index: Annotated[int, typer.Option()] = 0) -> None:
 
 @serve_app.command("worker")
 def serve_worker(index: Annotated[int, typer.Option()] = 0) -> None:
-    from taskstream import serve
+    _run_worker(settings(), index)
 
+
+@app.command()
+def worker(
+    index: Annotated[
+        int | None,
+        typer.Option(min=0, help="which worker of the state directory (default: the first the stack's own do not use)"),
+    ] = None,
+    slots: Annotated[
+        int | None, typer.Option(min=1, help="tasks it runs at once (default: TASKSTREAM_WORKER_SLOTS)")
+    ] = None,
+) -> None:
+    """Run one more worker in the foreground, against the stack the TASKSTREAM_* settings name (the
+    embedded one by default). It joins the workers' group, takes a share of the tasks' partitions (as
+    their owner) and of the queue, and runs tasks, programs and callables, in its slots. SIGTERM or
+    Ctrl-C drains it: it claims nothing more, lets its running tasks finish for up to
+    TASKSTREAM_DRAIN_MS and hands back the rest, which run again elsewhere. If it dies, its task
+    processes die with it and its leases expire. Exit status 2: bad settings, or the index is taken."""
+    from dataclasses import replace
+
+    s = settings()
+    if slots is not None:
+        s = replace(s, worker_slots=slots)
+    chosen = s.workers if index is None else index  # the supervisor's own workers are 0 .. workers-1
+    _run_worker(s, chosen, f"worker {chosen} ({s.worker_slots} slots) joining {s.bootstrap}; its log follows")
+
+
+def _run_worker(s: Settings, index: int, hello: str = "") -> None:
+    from taskstream import serve
+    from taskstream.streams.app import WorkerIndexTaken, hold_index
+
+    try:
+        hold_index(s, index).close()  # refused here, before Faust starts, if another holds it
+    except WorkerIndexTaken as exc:
+        fail(str(exc), 2)
+    if hello:
+        err.print(lit(hello))
     sys.argv = [sys.argv[0], "worker"]  # Faust's Worker reads argv
-    serve.worker(settings(), index)
+    try:
+        serve.worker(s, index)
+    except WorkerIndexTaken as exc:  # taken in between
+        fail(str(exc), 2)
 
 
 def main() -> None:

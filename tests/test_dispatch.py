@@ -60,12 +60,14 @@ class Workers:
         self.stack, self.tmp = stack, tmp
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
-    def start(self, index: int) -> subprocess.Popen[bytes]:
+    def start(self, index: int, *argv: str) -> subprocess.Popen[bytes]:
+        """Worker `index`: `taskstream serve worker` (as the supervisor starts them), or the command
+        `argv` (e.g. `taskstream worker ...`, which must start that index)."""
         ready = ready_file(self.stack.settings, f"worker-{index}")
         ready.unlink(missing_ok=True)
         log = (self.tmp / f"worker-{index}.log").open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "taskstream", "serve", "worker", "--index", str(index)],
+            list(argv) or [sys.executable, "-m", "taskstream", "serve", "worker", "--index", str(index)],
             env=self.stack.env,
             cwd=self.stack.settings.state_dir,
             stdout=log,
@@ -347,3 +349,41 @@ def test_a_stopping_worker_hands_back_what_it_cannot_finish(workerless: Stack, w
     for t in released:
         assert sum(isinstance(ev.payload, e.TaskSucceeded) for ev in log[t]) == 1
         assert not any(isinstance(ev.payload, e.TaskRetryScheduled) for ev in log[t])  # no retry used up
+
+
+def test_taskstream_worker_joins_the_stack_runs_tasks_in_its_slots_and_refuses_a_taken_index(
+    workerless: Stack, workers: Workers
+) -> None:
+    """The public command: a worker started by hand (index and slots given) runs the stack's tasks, never
+    more at once than its slots (from the attempts' times); a second one under the same index is
+    refused with the first one's pid; SIGTERM stops it cleanly."""
+    cmd = [sys.executable, "-m", "taskstream", "worker"]
+    proc = workers.start(3, *cmd, "--index", "3", "--slots", "2")
+    again = subprocess.run(
+        [*cmd, "--index", "3"],
+        env={**workerless.env, "COLUMNS": "300"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 2, again.stderr
+    assert f"worker 3 of {workerless.settings.state_dir} is already running (pid {proc.pid})" in again.stderr
+    assert "Traceback" not in again.stderr and "joining" not in again.stderr
+
+    tasks: list[dict[str, Any]] = [{"name": f"t{i}", "argv": ["sleep", "1"]} for i in range(6)]
+    sid, ids = submit(workerless, tasks)
+    wait_until(lambda: all_succeeded(workerless, sid, len(tasks)), 90, "every task to succeed", every=0.5)
+    with psycopg.connect(workerless.settings.dsn, autocommit=True) as conn:
+        runs = conn.execute(
+            "SELECT worker, started_at, ended_at FROM attempts "
+            "WHERE task_id = ANY(%s::uuid[]) AND outcome = 'SUCCEEDED'",
+            (list(ids.values()),),
+        ).fetchall()
+    assert len(runs) == len(tasks) and all(w.endswith(f"-{proc.pid}-w3") for w, _, _ in runs), runs
+    starts = sorted(start for _, start, _ in runs)
+    most = max(sum(1 for _, a, b in runs if a <= t < b) for t in starts)
+    assert most == 2, f"at most 2 at once (its slots), and 6 one-second tasks fill both: {runs}"
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(40) == 0

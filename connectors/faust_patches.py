@@ -89,7 +89,15 @@ def seek_uncommitted_to_beginning(topics: set[str]) -> None:
                     "read from the beginning (never committed): %s",
                     ", ".join(f"{t.topic}[{t.partition}]" for t in never),
                 )
-                await consumer.seek_to_beginning(*never)
+                # To an offset, not aiokafka's seek_to_beginning: that only asks for a reset, and until
+                # the fetcher has done it the partition has no position, which Faust's livelock check
+                # reads (an AssertionError in aiokafka that stopped the worker, seen with three workers
+                # joining one after another)
+                starts = await consumer.beginning_offsets(never)
+                assigned = consumer.assignment()
+                for tp in never:
+                    if tp in assigned:  # not taken away since
+                        consumer.seek(tp, starts[tp])
             return committed
 
         return await self.call_thread(seek)

@@ -195,7 +195,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         """Send TimerFired for every due timer. Due ones come from the index (streams/timers.py), which
         is rebuilt from the table every TIMER_REBUILD_S; the table decides (a timer changed or cleared
         since is not fired). A fired timer is sent again after TIMER_RESEND_MS if it is still there."""
-        now = int(time.time() * 1000)
+        now = ctx().now_ms()
         if time.monotonic() - rebuilt[0] >= TIMER_REBUILD_S:
             after_rebalance = rebalanced[0] > rebuilt[0]
             rebuilt[0] = time.monotonic()

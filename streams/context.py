@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,10 @@ class Context:
             node=self.node,
             payload=payload,
         )
+
+    def now_ms(self) -> int:
+        """This node's clock, epoch ms, with the injected skew (Settings.clock_offset_ms)."""
+        return int(time.time() * 1000) + self.settings.clock_offset_ms
 
     def input(self, task_id: str, at_ms: int, body: Any, input_id: str) -> InputRecord:
         return InputRecord(input_id=input_id, task_id=task_id, sent_ms=at_ms, sender=self.node, body=body)

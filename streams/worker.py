@@ -283,7 +283,7 @@ class Executor:
             log.info("task %s attempt %d was queued again; this worker has claimed it already", qt.task_id, qt.attempt)
             return
         verdict = self.waiter.expect(claim_id)
-        now = int(time.time() * 1000)
+        now = self.ctx.now_ms()
         outcome = None
         wait, waited = CLAIM_RESEND_S, 0.0
         while outcome is None:
@@ -310,14 +310,14 @@ class Executor:
                 why = f"its worker {self.worker_id} stopped before a slot was free"
                 with contextlib.suppress(Exception):
                     await self._report(
-                        qt.task_id, int(time.time() * 1000), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
+                        qt.task_id, self.ctx.now_ms(), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
                     )
                 raise
             try:
                 if cancelled.done():  # cancelled between the claim and now: nothing to run
                     why = f"cancelled before it started ({cancelled.result()})"
                     finish = r.FinishReport(claim_id, None, "", 0, why)
-                    await self._report(qt.task_id, int(time.time() * 1000), finish, f"{claim_id}:finish")
+                    await self._report(qt.task_id, self.ctx.now_ms(), finish, f"{claim_id}:finish")
                     return
                 await self._run(qt, claim_id, cancelled)
             finally:
@@ -333,7 +333,7 @@ class Executor:
             await asyncio.sleep(every)
             n += 1
             with contextlib.suppress(Exception):  # a lost heartbeat is what leases are for
-                await self._report(task_id, int(time.time() * 1000), r.Heartbeat(claim_id), f"{claim_id}:beat:{n}")
+                await self._report(task_id, self.ctx.now_ms(), r.Heartbeat(claim_id), f"{claim_id}:beat:{n}")
 
     async def _report(self, task_id: str, at: int, body: Any, input_id: str, start: Any = None) -> None:
         """Send one report and wait until it is durable. `start`: the run's start report, held back (see
@@ -374,7 +374,7 @@ class Executor:
             what = spec.call.target if spec.call is not None else spec.argv[0]
             why = f"cannot start {what!r}: {exc.strerror or exc}"
             await self._report(
-                qt.task_id, int(time.time() * 1000), r.FinishReport(claim_id, None, "", 0, why), f"{claim_id}:finish"
+                qt.task_id, self.ctx.now_ms(), r.FinishReport(claim_id, None, "", 0, why), f"{claim_id}:finish"
             )
             return
         if self.keeper is not None and isinstance(run, _ProgramRun):
@@ -413,7 +413,7 @@ class Executor:
             code = -signal.SIGTERM
         await self._report(
             qt.task_id,
-            int(time.time() * 1000),
+            self.ctx.now_ms(),
             r.FinishReport(claim_id, code, tail, duration, reason or why),
             f"{claim_id}:finish",
             await start.take(),
@@ -436,7 +436,7 @@ class Executor:
         why = f"its worker {self.worker_id} stopped; the task did not finish within {drain:g}s"
         with contextlib.suppress(Exception):
             await self._report(
-                qt.task_id, int(time.time() * 1000), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
+                qt.task_id, self.ctx.now_ms(), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
             )
         log.info("handed task %s back: %s", qt.task_id, why)
         return False
@@ -447,7 +447,7 @@ class _StartReport:
     the run's end). `take()` gives (at, body, input id) if it was not sent yet, else None."""
 
     def __init__(self, executor: Executor, task_id: str, claim_id: str, pid: int) -> None:
-        self.report = (int(time.time() * 1000), r.StartReport(claim_id, pid), f"{claim_id}:start")
+        self.report = (executor.ctx.now_ms(), r.StartReport(claim_id, pid), f"{claim_id}:start")
         self.sending = False
         self.sent = asyncio.create_task(self._later(executor, task_id))
 

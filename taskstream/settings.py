@@ -75,6 +75,10 @@ class Settings:
     # A task's process group being stopped (cancelled, over its cap, drained) gets SIGTERM, then SIGKILL
     # this long after.
     kill_grace_ms: int = 5_000
+    # Added to every clock reading of a worker (timers, reports, heartbeats): a skew injected to test
+    # that clocks which disagree delay or advance a task's trigger and never run it twice. Leases stand
+    # a skew between two workers of up to lease_ms + lease_grace_ms - heartbeat_ms (10 s by default).
+    clock_offset_ms: int = 0
     # A queued task nobody has claimed after this long is queued again (its queue record was lost).
     # Under a backlog longer than this, a task still waiting in the queue is queued twice; the worker
     # that claims the first record skips the second (until the batcher keeps the queue short).
@@ -203,6 +207,12 @@ def _timing_problems(s: Settings) -> list[str]:
     for name in ("lease_grace_ms", "drain_ms", "kill_grace_ms"):
         if getattr(s, name) < 0:
             out.append(f"TASKSTREAM_{name.upper()}={getattr(s, name)} must not be negative")
+    if abs(s.clock_offset_ms) >= s.lease_ms + s.lease_grace_ms - s.heartbeat_ms:
+        out.append(
+            f"TASKSTREAM_CLOCK_OFFSET_MS={s.clock_offset_ms} must stay below TASKSTREAM_LEASE_MS +"
+            " TASKSTREAM_LEASE_GRACE_MS - TASKSTREAM_HEARTBEAT_MS in size: a worker that far off would see"
+            " the leases of another expire while it still heartbeats"
+        )
     if s.worker_slots < 1:
         out.append(f"TASKSTREAM_WORKER_SLOTS={s.worker_slots} must be at least 1")
     if s.claim_ahead < 0:

@@ -60,15 +60,15 @@ class Workers:
         self.stack, self.tmp = stack, tmp
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
-    def start(self, index: int, *argv: str) -> subprocess.Popen[bytes]:
+    def start(self, index: int, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Worker `index`: `taskstream serve worker` (as the supervisor starts them), or the command
-        `argv` (e.g. `taskstream worker ...`, which must start that index)."""
+        `argv` (e.g. `taskstream worker ...`, which must start that index); `env`: settings of its own."""
         ready = ready_file(self.stack.settings, f"worker-{index}")
         ready.unlink(missing_ok=True)
         log = (self.tmp / f"worker-{index}.log").open("ab")
         proc = subprocess.Popen(
             list(argv) or [sys.executable, "-m", "taskstream", "serve", "worker", "--index", str(index)],
-            env=self.stack.env,
+            env={**self.stack.env, **(env or {})},
             cwd=self.stack.settings.state_dir,
             stdout=log,
             stderr=subprocess.STDOUT,

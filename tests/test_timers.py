@@ -112,6 +112,10 @@ def test_rechecks_back_off_to_a_ceiling_and_stop_once_the_task_is_not_waiting() 
         ({"TASKSTREAM_LEASE_EXPIRY_LIMIT": "0"}, "TASKSTREAM_LEASE_EXPIRY_LIMIT=0 must be at least 1"),
         ({"TASKSTREAM_RECHECK_MS": "0"}, "TASKSTREAM_RECHECK_MS=0 must be above 0"),
         ({"TASKSTREAM_LEASE_MS": "ten"}, "TASKSTREAM_LEASE_MS='ten': expected an integer"),
+        (
+            {"TASKSTREAM_CLOCK_OFFSET_MS": "-10000"},
+            "TASKSTREAM_CLOCK_OFFSET_MS=-10000 must stay below TASKSTREAM_LEASE_MS + TASKSTREAM_LEASE_GRACE_MS",
+        ),
     ],
 )
 def test_lease_and_timer_settings_that_cannot_work_are_refused_by_name(env: dict[str, str], message: str) -> None:

@@ -25,11 +25,11 @@ CREATE TEMP TABLE IF NOT EXISTS _new_tasks (LIKE tasks INCLUDING DEFAULTS) ON CO
 CREATE TEMP TABLE IF NOT EXISTS _task_patch (
     task_id uuid, version bigint, updated_at timestamptz, mask bigint, status text, reason text, attempt integer,
     worker text, exit_code integer, priority integer, admitted_at timestamptz, ready_at timestamptz,
-    queued_at timestamptz, claimed_at timestamptz, started_at timestamptz, finished_at timestamptz
+    queued_at timestamptz, claimed_at timestamptz, started_at timestamptz, finished_at timestamptz, lane text
 ) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS _attempt_upsert (
     task_id uuid, attempt integer, queued_at timestamptz, worker text, claim_id text,
-    claimed_at timestamptz
+    claimed_at timestamptz, lane text
 ) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS _attempt_patch (
     task_id uuid, claim_id text, mask bigint, started_at timestamptz, pid integer, ended_at timestamptz,

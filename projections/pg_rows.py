@@ -23,9 +23,9 @@ from taskstream.core.model import TaskSpec
 # Columns a task patch may set, each with its bit in the patch's mask.
 TASK_PATCH_COLS = (
     "status", "reason", "attempt", "worker", "exit_code", "priority",
-    "admitted_at", "ready_at", "queued_at", "claimed_at", "started_at", "finished_at",
+    "admitted_at", "ready_at", "queued_at", "claimed_at", "started_at", "finished_at", "lane",
 )  # fmt: skip
-ATTEMPT_UPSERT_COLS = ("queued_at", "worker", "claim_id", "claimed_at")
+ATTEMPT_UPSERT_COLS = ("queued_at", "worker", "claim_id", "claimed_at", "lane")
 ATTEMPT_PATCH_COLS = ("started_at", "pid", "ended_at", "exit_code", "duration_ms", "output_tail", "outcome", "reason")
 
 
@@ -108,8 +108,12 @@ def _changes(
             return {"status": "REJECTED", "reason": why, "finished_at": at}, None, None
         case e.TaskReady(reason=why):
             return {"status": "READY", "reason": why, "ready_at": at, "worker": None}, None, None
-        case e.TaskQueued(attempt=n):
-            return {"status": "QUEUED", "attempt": n, "queued_at": at}, (n, {"queued_at": at}), None
+        case e.TaskQueued(attempt=n, lane=lane):
+            return (
+                {"status": "QUEUED", "attempt": n, "queued_at": at, "lane": lane},
+                (n, {"queued_at": at, "lane": lane}),
+                None,
+            )
         case e.TaskClaimed(attempt=n, worker=w, claim_id=cid):
             return (
                 {"status": "CLAIMED", "worker": w, "claimed_at": at},

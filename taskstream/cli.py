@@ -555,6 +555,53 @@ def reprioritize(
     console.print(f"task {task} ({lit(before['name'])}): priority {before['priority']} -> {priority}")
 
 
+# ---- queues ------------------------------------------------------------------------------------------
+
+
+@app.command()
+def queues(
+    window: Annotated[float, typer.Option(min=1, help="seconds of history the throughput is taken over")] = 60,
+    as_json: JsonOpt = False,
+) -> None:
+    """Each queue lane, from the read model: tasks waiting in it, the age of the oldest, tasks claimed
+    and not finished, and tasks handed out per second over the last WINDOW seconds."""
+    s = settings()
+    with _read_model(s) as conn:
+        rows = conn.execute(
+            """
+            WITH waiting AS (
+                SELECT lane, count(*) AS depth, extract(epoch FROM now() - min(queued_at)) AS oldest_s
+                FROM tasks WHERE status = 'QUEUED' GROUP BY lane),
+            held AS (
+                SELECT lane, count(*) AS held FROM tasks WHERE status IN ('CLAIMED', 'RUNNING') GROUP BY lane),
+            handed AS (
+                SELECT lane, count(*) AS claimed FROM attempts
+                WHERE claimed_at > now() - make_interval(secs => %s) GROUP BY lane)
+            SELECT lane, coalesce(depth, 0), oldest_s, coalesce(held, 0), coalesce(claimed, 0)
+            FROM waiting FULL JOIN held USING (lane) FULL JOIN handed USING (lane)
+            WHERE lane IS NOT NULL ORDER BY lane
+            """,
+            (window,),
+        ).fetchall()
+    lanes = [
+        {"lane": lane, "depth": depth, "oldest_s": None if oldest is None else round(float(oldest), 3),
+         "claimed_or_running": held, "claimed_per_s": round(claimed / window, 3)}
+        for lane, depth, oldest, held, claimed in rows
+    ]  # fmt: skip
+    if not any(q["lane"] == s.lane for q in lanes):  # the lane tasks go to, shown even when idle
+        lanes.insert(0, {"lane": s.lane, "depth": 0, "oldest_s": None, "claimed_or_running": 0, "claimed_per_s": 0.0})
+    if as_json:
+        print(json.dumps(lanes))
+        return
+    t = Table(title=f"queue lanes (throughput over the last {window:g}s)")
+    for col in ("lane", "waiting", "oldest", "claimed or running", "handed out /s"):
+        t.add_column(col, justify="left" if col == "lane" else "right")
+    for q in lanes:
+        oldest = "-" if q["oldest_s"] is None else f"{q['oldest_s']:.1f}s"
+        t.add_row(lit(q["lane"]), str(q["depth"]), oldest, str(q["claimed_or_running"]), f"{q['claimed_per_s']:g}")
+    console.print(t)
+
+
 # ---- dead letters --------------------------------------------------------------------------------------
 
 

@@ -49,7 +49,7 @@ def describe(rec: EventRecord, msg: Any) -> dict[str, Any]:
 
 
 def task_history(settings: Settings, task_id: str) -> list[dict[str, Any]]:
-    codec = make_codec(settings, retries=5)
+    codec = make_codec(settings, wait_s=5)
     topic = settings.topic("events")
     part = partition_for(task_id.encode(), settings.partitions)
     c = consumer(settings, group=f"taskstream-audit-{task_id}")

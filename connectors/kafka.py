@@ -104,18 +104,20 @@ def register_schemas(settings: Settings, client: SchemaRegistryClient | None = N
     return ids
 
 
-def make_codec(settings: Settings, retries: int = 30) -> Codec:
-    """A codec whose ids are registered; waits for the registry for up to `retries` seconds."""
+def make_codec(settings: Settings, wait_s: float = 30.0) -> Codec:
+    """A codec whose ids are registered; waits for the registry for up to `wait_s` seconds. (It tried
+    30 times instead, and each try of the registry client retries on its own: a registry that was not
+    there took 135 s to be reported.)"""
     client = registry_client(settings)
-    last: Exception | None = None
-    for _ in range(retries):
+    deadline = time.monotonic() + wait_s
+    while True:
         try:
             ids = register_schemas(settings, client)
             return Codec(ids, lambda sid: client.get_schema(sid).schema_str)
         except Exception as exc:  # registry not up yet
-            last = exc
+            if time.monotonic() + 1 > deadline:
+                raise KafkaSetupError(f"schema registry at {settings.registry} did not answer: {exc}") from exc
             time.sleep(1)
-    raise KafkaSetupError(f"schema registry at {settings.registry} did not answer: {last}")
 
 
 def producer(settings: Settings, **extra: Any) -> Producer:

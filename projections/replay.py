@@ -130,7 +130,7 @@ def replay_pg(settings: Settings, targets: dict[str, dict[int, int]], progress: 
         conn.execute(f"CREATE SCHEMA {REPLAY_SCHEMA}")
     rdsn = schema_dsn(settings.dsn, REPLAY_SCHEMA)
     migrate(rdsn)
-    codec = k.make_codec(settings, retries=5)
+    codec = k.make_codec(settings, wait_s=5)
     for name, topic_key, decode in PG_PROJECTIONS:
         proj = PgProjection(rdsn, projection=name)
         consumer = k.consumer(settings, group=f"taskstream-replay-{name}")
@@ -208,7 +208,7 @@ def replay_graph(settings: Settings, targets: dict[int, int], progress: Callable
         runner = ProjectionRunner(
             proj,
             consumer,
-            k.make_codec(settings, retries=5),
+            k.make_codec(settings, wait_s=5),
             settings.topic("events"),
             settings.partitions,
             batch_size=REPLAY_BATCH,

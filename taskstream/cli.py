@@ -782,7 +782,7 @@ def tail(
     from taskstream.schemas.records import task_events
 
     s = settings()
-    codec = make_codec(s, retries=5)
+    codec = make_codec(s, wait_s=5)
     topic = s.topic("events")
     c = consumer(s, group=f"taskstream-tail-{os.getpid()}")
     start = OFFSET_BEGINNING if from_beginning else OFFSET_END

@@ -16,7 +16,7 @@ import psycopg
 from confluent_kafka import KafkaException, TopicPartition
 
 from taskstream.connectors import broker
-from taskstream.connectors.kafka import consumer, make_codec, producer
+from taskstream.connectors.kafka import KafkaSetupError, consumer, make_codec, producer
 from taskstream.connectors.partitioning import partition_for
 from taskstream.core import commands, model
 from taskstream.core.machine import TRANSITIONS
@@ -36,6 +36,7 @@ from taskstream.settings import Settings
 # An end learnt up to this long ago is taken again (an earlier end only means reading a little more to
 # find the decision): a client sending one submission at a time saves a broker round trip per send.
 END_REUSE_S = 1.0
+REGISTRY_WAIT_S = 5.0  # a registry that does not answer is reported after this long
 MARKS_KEPT = 100_000  # decision marks kept for wait_outcome; an older one is looked up in PostgreSQL
 
 
@@ -68,7 +69,12 @@ class Client:
         self.topic = settings.topic("commands")
         # Our codec writes the same Confluent wire format as confluent_kafka's AvroSerializer, with the
         # hand-written TaskSpec fast path: a 10,000-task SubmitDag encodes in ~0.1 s instead of ~1 s.
-        self._codec = make_codec(settings)
+        try:
+            self._codec = make_codec(settings, wait_s=REGISTRY_WAIT_S)
+        except KafkaSetupError as exc:
+            raise SubmitError(
+                f"cannot reach the schema registry at {settings.registry} (is the stack up?): {exc}"
+            ) from exc
         # Not the idempotent producer: its first send waited 0.5-1 s for a producer id on noida-db
         # (measured), paid by every `taskstream submit`. Commands need no broker-side deduplication: a
         # resent SubmitDag has the same command id (and key), so the same submission and task ids, and

@@ -329,3 +329,21 @@ def test_the_hand_written_event_encoding_equals_the_generic_one() -> None:
     cmd = r.CommandRecord("c", 1, r.SubmitDag("t", (spec, spec), "k", {"a": "b"}), "me")
     generic = {**c._plain(cmd), "body": (c._SUBMIT_DAG, c._plain(cmd.body))}
     assert written("command", c.to_avro(cmd)) == written("command", generic)
+
+
+def test_a_client_whose_registry_is_not_there_says_so_as_a_submit_error() -> None:
+    import socket
+    import time
+
+    from taskstream.sdk import Client, SubmitError
+    from taskstream.settings import Settings
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    s = Settings(registry_url=f"http://127.0.0.1:{port}", kafka_bootstrap="127.0.0.1:9")
+    started = time.monotonic()
+    with pytest.raises(SubmitError) as err:
+        Client(s)
+    print(f"reported after {time.monotonic() - started:.1f}s")  # it took 135 s before the deadline
+    assert f"cannot reach the schema registry at http://127.0.0.1:{port} (is the stack up?)" in str(err.value)

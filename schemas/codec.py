@@ -156,7 +156,7 @@ def _typed(cls: type, d: dict[str, Any]) -> Any:
     kw = dict(d)
     if "spec" in kw:
         kw["spec"] = spec_from(kw["spec"])
-    if cls is r.SubmitDag:
+    if cls is r.SubmitDag or cls is r.Schedule:
         kw["tasks"] = tuple(spec_from(t) for t in kw["tasks"])
     if cls is r.SubmissionRejected:
         kw["errors"] = tuple(r.FieldProblem(**p) for p in kw["errors"])

@@ -34,7 +34,27 @@ class ReprioritizeTaskRequest:
     priority: int
 
 
-CommandBody = SubmitDag | CancelTaskRequest | ReprioritizeTaskRequest
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A DAG submitted at every time `cron` names in `timezone` (io.taskstream.Schedule.avsc): a command
+    to set or stop it, and, forwarded by admission, an input to the schedule's owner."""
+
+    tenant: str
+    name: str
+    cron: str
+    timezone: str = "UTC"
+    enabled: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+    tasks: tuple[TaskSpec, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """Where its owner keeps it: the key of its inputs and timer."""
+        return f"{SCHEDULE_KEY}{self.tenant}/{self.name}"
+
+
+SCHEDULE_KEY = "schedule:"  # the task-inputs keys of schedules start with this; task ids never do
+CommandBody = SubmitDag | CancelTaskRequest | ReprioritizeTaskRequest | Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +275,7 @@ InputBody = (
     | ReprioritizeRequest
     | Heartbeat
     | ReleaseClaim
+    | Schedule
 )
 
 
@@ -309,6 +330,7 @@ COMMAND_BODIES: dict[str, type] = {
     NS + "SubmitDag": SubmitDag,
     NS + "CancelTask": CancelTaskRequest,
     NS + "ReprioritizeTask": ReprioritizeTaskRequest,
+    NS + "Schedule": Schedule,
 }
 EVENT_PAYLOADS: dict[str, type] = {NS + cls.__name__: cls for cls in ev.EVENT_TYPES} | {
     NS + "SubmissionAccepted": SubmissionAccepted,
@@ -330,5 +352,6 @@ INPUT_BODIES: dict[str, type] = {
         ReprioritizeRequest,
         Heartbeat,
         ReleaseClaim,
+        Schedule,
     )
 }

@@ -27,6 +27,7 @@ from typing import Any
 from taskstream.schemas import records as r
 
 from taskstream.core.model import TaskSpec
+from taskstream.core.schedule import problems as schedule_problems
 from taskstream.core.submission import (
     Submission,
     check_submission,
@@ -123,7 +124,34 @@ def decide_command(node: str, cmd: r.CommandRecord, at_ms: int, *, where: Placem
     if isinstance(body, r.ReprioritizeTaskRequest):
         req = r.ReprioritizeRequest(body.priority)
         return Decision([_input(node, body.task_id, at_ms, req, f"{cmd.command_id}:reprioritize")])
+    if isinstance(body, r.Schedule):
+        return decide_schedule(node, cmd, body, at_ms)
     raise TypeError(f"no admission rule for {type(body).__name__}")  # the codec only yields known bodies
+
+
+def decide_schedule(node: str, cmd: r.CommandRecord, body: r.Schedule, at_ms: int) -> Decision:
+    """Setting a schedule is decided like a submission that has no tasks yet: the same outcome events
+    under a submission id of its command (so the SDK waits for it the same way), the DAG checked as a
+    submission would be; accepted, it goes on to the schedule's owner (its key's task-inputs partition).
+    Stopping one (enabled false) needs no DAG."""
+    sid = submission_id_for(body.tenant, None, cmd.command_id)
+    found = [
+        r.FieldProblem(None, f, why) for f, why in schedule_problems(body.tenant, body.name, body.cron, body.timezone)
+    ]
+    if body.enabled:
+        sub = Submission(tenant=body.tenant, tasks=body.tasks, labels=body.labels)
+        found += [r.FieldProblem(e.task, e.field, e.reason) for e in check_submission(sub)]
+    if found:
+        rejected = r.SubmissionRejected(tenant=body.tenant, command_id=cmd.command_id, errors=tuple(found))
+        return Decision([("events", sid, _event(node, None, sid, 0, at_ms, rejected, event_id=f"{sid}:rejected"))])
+    accepted = r.SubmissionAccepted(tenant=body.tenant, idempotency_key=None, command_id=cmd.command_id, task_ids={})
+    return Decision(
+        [
+            ("events", sid, _event(node, None, sid, 0, at_ms, accepted, event_id=f"{sid}:accepted")),
+            _input(node, body.key, at_ms, body, f"{cmd.command_id}:schedule"),
+        ],
+        accepted=True,
+    )
 
 
 def decide_submission(

@@ -70,6 +70,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     inputs = app.topic(s.topic("task-inputs"), **raw)
     queue = app.topic(s.topic("queue"), **raw)
     dead = app.topic(s.topic("dead-letters"), **raw)
+    commands = app.topic(s.topic("commands"), **raw)  # written to (schedules), never read here
     owned = app.topic(s.topic("events"), s.topic("task-inputs"), **raw)
     tasks = app.Table("tasks", default=None, partitions=s.partitions, key_type=bytes, value_type=bytes)
     timers = app.Table("timers", default=None, partitions=s.partitions, key_type=bytes, value_type=bytes)
@@ -78,7 +79,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     def ctx() -> Context:
         if "ctx" not in holder:
-            holder["ctx"] = Context(s, make_codec(s), node, events, inputs, queue, dead, app.producer)
+            holder["ctx"] = Context(s, make_codec(s), node, events, inputs, queue, dead, app.producer, commands)
         return holder["ctx"]
 
     due_index = TimerIndex()
@@ -177,7 +178,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
                 c.cancel()
             await asyncio.gather(*claimers, return_exceptions=True)
 
-    sent: dict[bytes, int] = {}
+    sent: dict[bytes, tuple[int, int]] = {}  # key -> (the due time fired, when)
     rebuilt = [0.0]
     rebalanced = [0.0]  # when this worker's last rebalance completed (monotonic)
     early: set[bytes] = set()  # recheck timers pulled forward by a rebalance
@@ -210,7 +211,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
                     due = min(due, now + RECHECK_AFTER_REBALANCE_MS)
                 entries.append((k, due))
             due_index.rebuild(entries)
-            for k in [k for k, at in sent.items() if now - at > TIMER_RESEND_MS]:
+            for k in [k for k, (_due, at) in sent.items() if now - at > TIMER_RESEND_MS]:
                 del sent[k]  # past its resend window: forgotten
         fired = []
         for key in due_index.due(now):
@@ -223,11 +224,12 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             elif t["due"] > now:
                 due_index.note(key, int(t["due"]))  # moved later since it was noted
                 continue
-            if now - sent.get(key, 0) <= TIMER_RESEND_MS:
-                due_index.note(key, sent[key] + TIMER_RESEND_MS + 1)
+            last = sent.get(key)  # (due, when sent) of the last firing of this key
+            if last is not None and last[0] == t["due"] and now - last[1] <= TIMER_RESEND_MS:
+                due_index.note(key, last[1] + TIMER_RESEND_MS + 1)  # that firing may still be on its way
                 continue
             tid = key.decode()
-            sent[key] = now
+            sent[key] = (t["due"], now)
             due_index.note(key, now + TIMER_RESEND_MS + 1)  # looked at again then, if still there
             body = TimerFired(t["purpose"])
             fired.append((inputs, tid, ctx().input(tid, now, body, f"{tid}:timer:{t['purpose']}:{t['due']}")))

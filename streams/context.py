@@ -90,6 +90,7 @@ class Context:
     queue: Any
     dead_letters: Any
     producer: Any  # the app's producer (faust.transport Producer)
+    commands: Any = None  # the commands topic: what schedules submit goes there, as any submission
 
     def event(
         self,

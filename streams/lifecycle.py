@@ -23,7 +23,7 @@ from collections import deque
 from typing import Any
 
 from taskstream.schemas import records as r
-from taskstream.schemas.codec import DecodeError
+from taskstream.schemas.codec import DecodeError, _plain, spec_from
 from taskstream.streams.context import EVENT_HEADER, Context, unit_random
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
 from taskstream.streams.tenure import Tenure
@@ -31,8 +31,10 @@ from taskstream.streams.timers import TimerIndex
 
 from taskstream.core import commands as c
 from taskstream.core import events as e
+from taskstream.core import schedule
 from taskstream.core.machine import Rejection, evolve, run
 from taskstream.core.model import TERMINAL, Status, TaskState
+from taskstream.core.submission import Submission, external_dependencies
 
 log = logging.getLogger(__name__)
 NOT_ADMITTED = "NOT_ADMITTED"  # outcome sent to dependents of a task that was never admitted in time
@@ -209,6 +211,9 @@ class Lifecycle:
         await self._input(inp)
 
     async def _input(self, inp: r.InputRecord) -> None:
+        if inp.task_id.startswith(r.SCHEDULE_KEY):
+            await self._schedule(inp)
+            return
         at = inp.sent_ms
         record = self.load(inp.task_id)
         rand = unit_random(inp.input_id)
@@ -301,6 +306,57 @@ class Lifecycle:
             case r.ReprioritizeRequest(priority=p):
                 cmds.append(c.ReprioritizeTask(p, at))
         await self._process(record, cmds, at, rand, sends, first)
+
+    async def _schedule(self, inp: r.InputRecord) -> None:
+        """A schedule's owner: it keeps the latest setting and the next time it is due (taskstream/core/
+        schedule.py), and at that time submits its DAG through the commands topic, as any submission,
+        under an idempotency key naming the time, so a second firing for one time admits nothing twice."""
+        key, at, body = inp.task_id.encode(), inp.sent_ms, inp.body
+        raw = self._batch.tasks.get(key) if self._batch is not None else None
+        raw = raw or self.tasks.get(key)
+        kept = json.loads(raw) if raw else None
+        if isinstance(body, r.Schedule):
+            due = schedule.next_due(body.cron, body.timezone, at) if body.enabled else None
+            fired = kept["fired"] if kept else None
+            self._keep_schedule(key, {"schedule": _plain(body), "due": due, "fired": fired, "set_ms": at})
+            log.info("schedule %s set (%s, %s): next due %s", inp.task_id, body.cron, body.timezone,
+                     schedule.iso(due, body.timezone) if due else "never (stopped)")  # fmt: skip
+            return
+        if not (isinstance(body, r.TimerFired) and body.purpose == "schedule"):
+            log.info("schedule %s: %s ignored (schedules take settings and their timer)", inp.task_id, body)
+            return
+        if kept is None or kept["due"] is None:
+            self._clear_timer(key)
+            return
+        sch = _schedule_from(kept["schedule"])
+        fire_for, due = schedule.fire(sch.cron, sch.timezone, kept["due"], at)
+        if fire_for is not None:
+            when = schedule.iso(fire_for, sch.timezone)
+            sub = r.SubmitDag(
+                tenant=sch.tenant,
+                tasks=sch.tasks,
+                idempotency_key=f"schedule/{sch.name}/{fire_for}",
+                labels={**sch.labels, "schedule": sch.name, "scheduled_for": when},
+            )
+            cmd = r.CommandRecord(f"{inp.task_id}/{fire_for}", at, sub, f"schedule {sch.tenant}/{sch.name}")
+            linked = external_dependencies(Submission(sch.tenant, sch.tasks))
+            # as the SDK keys a submission: by tenant if it depends on other submissions, else spread
+            where = sch.tenant if linked else f"{sch.tenant}/schedule/{sch.name}/{fire_for}"
+            await self._emit([(self.ctx.commands, where, cmd)])
+            log.info("schedule %s submitted for %s (%d ms late by this clock)", inp.task_id, when, at - fire_for)
+        self._keep_schedule(key, {**kept, "due": due, "fired": fire_for or kept["fired"]})
+
+    def _keep_schedule(self, key: bytes, kept: dict[str, Any]) -> None:
+        raw = json.dumps(kept).encode()
+        if self._batch is not None:
+            self._batch.tasks[key] = raw
+            self._batch.source[key] = self._message
+        else:
+            self.tasks[key] = raw
+        if kept["due"] is None:
+            self._clear_timer(key)
+        else:
+            self._set_timer(key.decode(), {"due": kept["due"], "purpose": "schedule"})
 
     # -- deciding ------------------------------------------------------------------------------------
     def _all_succeeded(self, record: TaskRecord) -> bool:
@@ -468,6 +524,10 @@ class Lifecycle:
 
 
 _ENDINGS = (e.TaskSucceeded, e.TaskDeadLettered, e.TaskCancelled, e.TaskRejected)
+
+
+def _schedule_from(d: dict[str, Any]) -> r.Schedule:
+    return r.Schedule(**{**d, "tasks": tuple(spec_from(t) for t in d["tasks"])})
 
 
 class PackedInputsFailed(Exception):

@@ -435,9 +435,7 @@ class Executor:
         await run.stop(self.ctx.settings.kill_grace_ms / 1000)
         why = f"its worker {self.worker_id} stopped; the task did not finish within {drain:g}s"
         with contextlib.suppress(Exception):
-            await self._report(
-                qt.task_id, self.ctx.now_ms(), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
-            )
+            await self._report(qt.task_id, self.ctx.now_ms(), r.ReleaseClaim(claim_id, why), f"{claim_id}:release")
         log.info("handed task %s back: %s", qt.task_id, why)
         return False
 

@@ -25,6 +25,10 @@ graph_app = typer.Typer(no_args_is_help=True, help="Ask the dependency graph (La
 app.add_typer(graph_app, name="graph")
 serve_app = typer.Typer(hidden=True, help="Run one service in the foreground (the supervisor uses these).")
 app.add_typer(serve_app, name="serve")
+schedule_app = typer.Typer(
+    no_args_is_help=True, help="Schedules: a DAG submitted at every time a cron expression names."
+)
+app.add_typer(schedule_app, name="schedule")
 dlq_app = typer.Typer(
     no_args_is_help=True, help="Dead letters: tasks whose retries ran out, and records nobody could decode."
 )
@@ -553,6 +557,114 @@ def reprioritize(
     if after["priority"] != priority:
         fail(f"task {task} was queued ({after['status'].lower()}) before the new priority reached it")
     console.print(f"task {task} ({lit(before['name'])}): priority {before['priority']} -> {priority}")
+
+
+# ---- schedules ---------------------------------------------------------------------------------------
+
+
+@schedule_app.command("set")
+def schedule_set(
+    file: Annotated[Path, typer.Argument(help="a DAG file with a `schedule:` mapping (name, cron, timezone)")],
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the decision")] = 60,
+) -> None:
+    """Set a schedule: the file's DAG is submitted at every time `cron` names (five fields, or six with
+    seconds last) in `timezone` (default UTC). Setting the same tenant and name again replaces it. Each
+    run is a submission labelled schedule=NAME and scheduled_for=TIME. Exit status: 0 accepted, 1
+    rejected, 2 bad file."""
+    from taskstream.core.submission import SubmissionError, parse_document
+    from taskstream.schemas.records import Schedule
+
+    doc = load_document(file)
+    timing = doc.pop("schedule", None) if isinstance(doc, dict) else None
+    if (
+        not isinstance(timing, dict)
+        or not {"name", "cron"} <= set(timing)
+        or set(timing) - {"name", "cron", "timezone"}
+    ):
+        fail(f"{file}: needs a `schedule:` mapping with name and cron (and optionally timezone), got {timing!r}", 2)
+    try:
+        sub = parse_document(doc, str(file))
+    except SubmissionError as exc:
+        err.print(f"[red]error:[/] {lit(file)}: {len(exc.errors)} problem(s):")
+        for e in exc.errors:
+            err.print(f"  - {lit(e)}")
+        raise typer.Exit(2) from exc
+    sched = Schedule(
+        sub.tenant, str(timing["name"]), str(timing["cron"]), str(timing.get("timezone", "UTC")), True,
+        sub.labels, sub.tasks,
+    )  # fmt: skip
+    _send_schedule(sched, timeout)
+    console.print(
+        f"[green]schedule set[/] {lit(sched.tenant)}/{lit(sched.name)}: {lit(sched.cron)} in {lit(sched.timezone)}"
+    )
+
+
+@schedule_app.command("stop")
+def schedule_stop(
+    schedule: Annotated[str, typer.Argument(help="TENANT/NAME")],
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the decision")] = 60,
+) -> None:
+    """Stop a schedule: it submits nothing more (what it submitted runs on). Exit status: 0 stopped, 1
+    rejected."""
+    from taskstream.schemas.records import Schedule
+
+    tenant, _, name = schedule.partition("/")
+    _send_schedule(Schedule(tenant, name, "* * * * *", "UTC", False), timeout)
+    console.print(f"[yellow]schedule stopped[/] {lit(schedule)}")
+
+
+def _send_schedule(sched: Any, timeout: float) -> None:
+    from taskstream.sdk import Client, SubmitError
+
+    try:
+        with Client(settings(), issuer=f"cli:{os.environ.get('USER', 'user')}") as client:
+            command_id, sid = client.set_schedule(sched)
+            outcome = client.wait_outcome(sid, timeout=timeout, command_id=command_id)
+    except SubmitError as exc:
+        fail(str(exc))
+    if not outcome.accepted:
+        err.print(f"[red]rejected:[/] schedule {lit(sched.tenant)}/{lit(sched.name)}:")
+        for problem in outcome.errors:
+            where = f"task {problem['task']!r}" if problem.get("task") else "schedule"
+            err.print(f"  - {lit(where)}, field {lit(repr(problem['field']))}: {lit(problem['reason'])}")
+        raise typer.Exit(1)
+
+
+# ---- tenants -----------------------------------------------------------------------------------------
+
+
+@app.command()
+def tenants(as_json: JsonOpt = False) -> None:
+    """Every tenant the read model has seen: its subscription and cap (no cap is enforced yet), its
+    tasks by state now, and when it first and last submitted."""
+    s = settings()
+    with _read_model(s) as conn:
+        rows = conn.execute(
+            """
+            SELECT n.tenant, n.subscription, n.max_running, n.first_seen, n.last_submission,
+                   count(*) FILTER (WHERE t.status IN ('SUBMITTED', 'WAITING', 'READY', 'RETRY_WAIT')),
+                   count(*) FILTER (WHERE t.status = 'QUEUED'),
+                   count(*) FILTER (WHERE t.status IN ('CLAIMED', 'RUNNING')),
+                   count(*) FILTER (WHERE t.status = 'SUCCEEDED'),
+                   count(*) FILTER (WHERE t.status IN ('DEAD_LETTERED', 'CANCELLED', 'REJECTED'))
+            FROM tenants n LEFT JOIN tasks t ON t.tenant = n.tenant
+            GROUP BY n.tenant ORDER BY n.tenant
+            """
+        ).fetchall()
+    keys = ("tenant", "subscription", "max_running", "first_seen", "last_submission", "waiting", "queued",
+            "running", "succeeded", "ended_otherwise")  # fmt: skip
+    found = [dict(zip(keys, row, strict=True)) for row in rows]
+    if as_json:
+        print(json.dumps(found, default=str))
+        return
+    t = Table(title="tenants")
+    for col in ("tenant", "subscription", "cap", "waiting", "queued", "running", "succeeded", "other end", "last"):
+        t.add_column(col, justify="left" if col in ("tenant", "subscription", "last") else "right")
+    for x in found:
+        cap = "-" if x["max_running"] is None else str(x["max_running"])
+        counts = (str(x[k]) for k in ("waiting", "queued", "running", "succeeded", "ended_otherwise"))
+        t.add_row(lit(x["tenant"]), lit(x["subscription"]), cap, *counts, str(x["last_submission"]))
+    console.print(t)
 
 
 # ---- queues ------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from taskstream.schemas.records import (
     CancelTaskRequest,
     CommandRecord,
     ReprioritizeTaskRequest,
+    Schedule,
     SubmissionAccepted,
     SubmissionRejected,
     SubmitDag,
@@ -170,6 +171,21 @@ class Client:
             out.append((command_id, sid))
         self._flush(errors)
         return out
+
+    def set_schedule(self, sched: Schedule) -> tuple[str, str]:
+        """Set a schedule: its DAG is submitted at every time its cron expression names in its time zone
+        (a later setting of the same tenant and name replaces it; `enabled=False` stops it). Decided
+        like a submission: `wait_outcome(submission id)` says whether it was accepted, with the
+        problems if not. Each submission it makes has the labels `schedule` and `scheduled_for` and
+        the idempotency key `schedule/NAME/EPOCH_MS`. Returns (command id, submission id)."""
+        command_id = str(uuid.uuid4())
+        sid = submission_id_for(sched.tenant, None, command_id)
+        self._marks[command_id] = self._decisions_end(sid)
+        errors: list[Any] = []
+        # keyed by tenant: every setting of one schedule is decided in the order it was sent
+        self._produce(sched.tenant, sched, command_id, errors)
+        self._flush(errors)
+        return command_id, sid
 
     def cancel(self, task_id: str, reason: str = "", *, check: bool = True) -> str:
         """Ask the task's owner to cancel it: a task not yet running never runs; a running one is

@@ -200,3 +200,22 @@ def test_a_decided_record_keeps_what_an_earlier_one_covers_past_the_batch() -> N
     assert _pending(Decided(20, (15,)), 20) == Decided(20, (15,))
     assert _pending(Decided(20, (15,)), 21) is None
     assert _pending(None, 0) is None
+
+
+def test_a_schedule_is_accepted_and_sent_to_its_owner_or_rejected_with_each_problem_named() -> None:
+    tasks = parse_document({"tenant": "acme", "tasks": [{"name": "tick", "argv": ["true"]}]}).tasks
+    good = r.CommandRecord("cmd-s", 1, r.Schedule("acme", "nightly", "0 2 * * *", "Europe/Berlin", True, {}, tasks))
+    d = decide(good, LinkIndex())
+    assert d.accepted and d.admitted is None  # nothing is admitted until it is due
+    (_, sid, decision), (topic, key, forwarded) = d.sends
+    assert isinstance(decision.payload, r.SubmissionAccepted) and decision.payload.task_ids == {}
+    assert (topic, key) == ("task-inputs", "schedule:acme/nightly") and forwarded.body == good.body
+
+    bad = r.CommandRecord("cmd-b", 1, r.Schedule("acme", "x/y", "* * *", "Nowhere/Atall", True, {}, ()))
+    d = decide(bad, LinkIndex())
+    ((_, _, rejected),) = d.sends
+    assert not d.accepted and isinstance(rejected.payload, r.SubmissionRejected)
+    assert [p.field for p in rejected.payload.errors] == ["name", "cron", "timezone", "tasks"]
+    # stopping one needs no tasks
+    stop = r.CommandRecord("cmd-t", 1, r.Schedule("acme", "nightly", "* * * * *", "UTC", False))
+    assert decide(stop, LinkIndex()).accepted

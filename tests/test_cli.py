@@ -420,3 +420,40 @@ def test_queues_shows_each_lane_s_waiting_tasks_their_age_and_what_it_handed_out
     after = next(q for q in idle if q["lane"] == "default")
     assert after["oldest_s"] is None or after["depth"] > 0
     assert after["claimed_per_s"] >= 12 / 600
+
+
+def test_a_waiting_task_cancelled_never_runs_its_dependents_end_cancelled_and_tenants_counts_them(  # type: ignore[no-untyped-def]
+    stack: Stack, tmp_path
+) -> None:
+    tenant = f"tenant-{uuid.uuid4().hex[:8]}"
+    dag = tmp_path / "waiting.yaml"
+    dag.write_text(
+        f"tenant: {tenant}\ntasks:\n  - name: first\n    argv: [sleep, '3']\n"
+        "  - name: middle\n    argv: [python3, -c, 'print(1)']\n    dependencies: [first]\n"
+        "  - name: last\n    argv: [python3, -c, 'print(1)']\n    dependencies: [middle]\n"
+        "  - name: sibling\n    argv: [python3, -c, 'print(1)']\n    dependencies: [first]\n"
+    )
+    ids = dict(re.findall(r"^  (\S+)  ([0-9a-f-]{36})$", stack.cli("submit", str(dag)).stdout, re.M))
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
+
+        def status(name: str) -> str | None:
+            row = conn.execute("SELECT status FROM tasks WHERE task_id = %s", (ids[name],)).fetchone()
+            return row[0] if row else None
+
+        wait_until(lambda: status("first") == "RUNNING" and status("middle") == "WAITING", 60, "first running")
+        out = stack.cli("cancel", ids["middle"], "--reason", "not needed")
+        assert "cancelled" in out.stdout and "its run" not in out.stdout  # it never ran: nothing to kill
+        wait_until(lambda: all(status(n) in ("SUCCEEDED", "CANCELLED") for n in ids), 90, "every task to end")
+        assert {n: status(n) for n in ids} == {
+            "first": "SUCCEEDED", "middle": "CANCELLED", "last": "CANCELLED", "sibling": "SUCCEEDED"
+        }  # fmt: skip
+        (why,) = conn.execute("SELECT reason FROM tasks WHERE task_id = %s", (ids["last"],)).fetchone()
+        assert why == f"prerequisite {ids['middle']} ended cancelled"
+        ran = conn.execute(
+            "SELECT count(*) FROM attempts WHERE task_id = ANY(%s::uuid[])", ([ids["middle"], ids["last"]],)
+        ).fetchone()
+        assert ran == (0,)
+    mine = [t for t in json.loads(stack.cli("tenants", "--json").stdout) if t["tenant"] == tenant]
+    assert len(mine) == 1 and mine[0]["subscription"] == "standard" and mine[0]["max_running"] is None
+    assert [mine[0][k] for k in ("waiting", "queued", "running", "succeeded", "ended_otherwise")] == [0, 0, 0, 2, 2]
+    assert tenant in stack.cli("tenants").stdout

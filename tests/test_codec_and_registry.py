@@ -180,13 +180,18 @@ def test_inputs_packed_in_one_record_round_trip_and_the_input_schema_change_is_c
     new = json.loads(schema_text("input"))
     old = json.loads(schema_text("input"))
     union = old["fields"][4]["type"]
-    old["fields"][4]["type"] = [b for b in union if not b["name"].endswith("Inputs")]
+    old["fields"][4]["type"] = [b for b in union if not b["name"].endswith(("Inputs", "Schedule"))]
     finish = next(b for b in old["fields"][4]["type"] if b["name"].endswith("FinishReport"))
     finish["fields"] = [f for f in finish["fields"] if f["name"] not in ("started_ms", "pid")]
-    assert [b["name"] for b in new["fields"][4]["type"]][:-1] == [b["name"] for b in old["fields"][4]["type"]]
-    registry.register_schema("p.task-inputs-value", Schema(json.dumps(old), "AVRO"))
-    registry.register_schema("p.task-inputs-value", Schema(json.dumps(new), "AVRO"))
-    assert registry.get_latest_version("p.task-inputs-value").version == 2
+    # Inputs, then Schedule, were added last, so the earlier branches keep their indexes
+    names = [b["name"] for b in new["fields"][4]["type"]]
+    assert names[-2:] == ["io.taskstream.Inputs", "io.taskstream.Schedule"]
+    assert names[:-2] == [b["name"] for b in old["fields"][4]["type"]]
+    with_inputs = json.loads(json.dumps(new))
+    with_inputs["fields"][4]["type"] = with_inputs["fields"][4]["type"][:-1]
+    for version in (old, with_inputs, new):  # each schema the topic has had: BACKWARD at every step
+        registry.register_schema("p.task-inputs-value", Schema(json.dumps(version), "AVRO"))
+    assert registry.get_latest_version("p.task-inputs-value").version == 3
     members = [
         r.InputRecord("i1", "t1", 5, "w", r.ClaimRequest(1, "w", "c1")),
         r.InputRecord("i2", "t2", 6, "w", r.FinishReport("c2", 0, "out", 3, "", started_ms=4, pid=9)),

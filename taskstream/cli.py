@@ -239,28 +239,15 @@ def submit(
 ) -> None:
     """Submit a DAG of tasks. Exit status: 0 accepted (and, with --follow, all succeeded), 1 otherwise, 2 bad file."""
     from taskstream.core.submission import SubmissionError, parse_document
-    from taskstream.sdk import Client, SubmitError
 
     try:
         sub = parse_document(load_document(file), str(file))
     except SubmissionError as exc:
-        err.print(f"[red]error:[/] {lit(file)}: {len(exc.errors)} problem(s):")
-        for e in exc.errors:
-            err.print(f"  - {lit(e)}")
-        raise typer.Exit(2) from exc
+        _bad_file(file, exc)
     s = settings()
-    try:
-        with Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}") as client:
-            command_id, sid = client.submit(sub)
-            outcome = client.wait_outcome(sid, timeout=min(timeout, 120), command_id=command_id)
-    except SubmitError as exc:
-        fail(str(exc))
+    sid, outcome = _decided(s, lambda client: client.submit(sub), min(timeout, 120))
     if not outcome.accepted:
-        err.print(f"[red]rejected:[/] submission {sid}:")
-        for problem in outcome.errors:
-            where = f"task {problem['task']!r}" if problem.get("task") else "submission"
-            err.print(f"  - {lit(where)}, field {lit(repr(problem['field']))}: {lit(problem['reason'])}")
-        raise typer.Exit(1)
+        _refused(f"submission {sid}", outcome.errors, "submission")
     console.print(f"[green]accepted[/] submission {sid}: {len(outcome.task_ids)} task(s)")
     if not follow:
         for name, tid in outcome.task_ids.items():
@@ -268,6 +255,37 @@ def submit(
         return
     ok = follow_submission(s, sid, timeout, tasks=len(outcome.task_ids))
     raise typer.Exit(0 if ok else 1)
+
+
+def _decided(s: Settings, send: Any, timeout: float) -> tuple[str, Any]:
+    """Send a command deciding a submission (`send(client)` -> (command id, submission id)) and wait for
+    admission's decision: (submission id, Outcome); a broker or registry out of reach ends the command."""
+    from taskstream.sdk import Client, SubmitError
+
+    try:
+        with Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}") as client:
+            command_id, sid = send(client)
+            return sid, client.wait_outcome(sid, timeout=timeout, command_id=command_id)
+    except SubmitError as exc:
+        fail(str(exc))
+
+
+def _bad_file(file: Path, exc: Any) -> NoReturn:
+    """A file refused before anything was sent: every problem, then exit status 2."""
+    err.print(f"[red]error:[/] {lit(file)}: {len(exc.errors)} problem(s):")
+    for e in exc.errors:
+        err.print(f"  - {lit(e)}")
+    raise typer.Exit(2) from exc
+
+
+def _refused(what: str, problems: list[dict[str, Any]], whole: str) -> NoReturn:
+    """Admission's rejection of `what` (markup already escaped): each problem by task and field (or by
+    `whole`, for one about all of it), then exit status 1."""
+    err.print(f"[red]rejected:[/] {what}:")
+    for problem in problems:
+        where = f"task {problem['task']!r}" if problem.get("task") else whole
+        err.print(f"  - {lit(where)}, field {lit(repr(problem['field']))}: {lit(problem['reason'])}")
+    raise typer.Exit(1)
 
 
 def _rows(conn: Any, sid: str) -> list[tuple[Any, ...]]:
@@ -585,10 +603,7 @@ def schedule_set(
     try:
         sub = parse_document(doc, str(file))
     except SubmissionError as exc:
-        err.print(f"[red]error:[/] {lit(file)}: {len(exc.errors)} problem(s):")
-        for e in exc.errors:
-            err.print(f"  - {lit(e)}")
-        raise typer.Exit(2) from exc
+        _bad_file(file, exc)
     sched = Schedule(
         sub.tenant, str(timing["name"]), str(timing["cron"]), str(timing.get("timezone", "UTC")), True,
         sub.labels, sub.tasks,
@@ -614,20 +629,9 @@ def schedule_stop(
 
 
 def _send_schedule(sched: Any, timeout: float) -> None:
-    from taskstream.sdk import Client, SubmitError
-
-    try:
-        with Client(settings(), issuer=f"cli:{os.environ.get('USER', 'user')}") as client:
-            command_id, sid = client.set_schedule(sched)
-            outcome = client.wait_outcome(sid, timeout=timeout, command_id=command_id)
-    except SubmitError as exc:
-        fail(str(exc))
+    _sid, outcome = _decided(settings(), lambda client: client.set_schedule(sched), timeout)
     if not outcome.accepted:
-        err.print(f"[red]rejected:[/] schedule {lit(sched.tenant)}/{lit(sched.name)}:")
-        for problem in outcome.errors:
-            where = f"task {problem['task']!r}" if problem.get("task") else "schedule"
-            err.print(f"  - {lit(where)}, field {lit(repr(problem['field']))}: {lit(problem['reason'])}")
-        raise typer.Exit(1)
+        _refused(f"schedule {lit(sched.tenant)}/{lit(sched.name)}", outcome.errors, "schedule")
 
 
 # ---- tenants -----------------------------------------------------------------------------------------
@@ -769,15 +773,9 @@ def dlq_retry(
     retry_of=TASK. The dead-lettered task and its cancelled dependents stay as they ended. Retrying the
     same task twice gives the same new task. Exit status: 0 accepted (and, with --follow, succeeded), 1
     unknown, not dead-lettered or not accepted."""
-    from taskstream.sdk import Client, SubmitError
 
     s = settings()
-    try:
-        with Client(s, issuer=f"cli:{os.environ.get('USER', 'user')}") as client:
-            command_id, sid = client.retry_dead_lettered(task)
-            outcome = client.wait_outcome(sid, timeout=min(timeout, 120), command_id=command_id)
-    except SubmitError as exc:
-        fail(str(exc))
+    sid, outcome = _decided(s, lambda client: client.retry_dead_lettered(task), min(timeout, 120))
     if not outcome.accepted:
         fail(f"the retry of task {task} was rejected: {'; '.join(lit(p['reason']) for p in outcome.errors)}")
     (new,) = outcome.task_ids.values()

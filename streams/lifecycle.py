@@ -81,10 +81,21 @@ class Lifecycle:
         self.holds = holds or (lambda _message: True)
 
     def load(self, task_id: str) -> TaskRecord:
-        key = task_id.encode()
-        raw = self._batch.tasks.get(key) if self._batch is not None else None
-        raw = raw or self.tasks.get(key)
+        raw = self._raw(task_id.encode())
         return loads(raw) if raw else TaskRecord(TaskState(task_id=task_id))
+
+    def _raw(self, key: bytes) -> bytes | None:
+        """What the table holds for `key`, as the batch so far left it."""
+        raw = self._batch.tasks.get(key) if self._batch is not None else None
+        return raw or self.tasks.get(key)  # type: ignore[no-any-return]
+
+    def _put(self, key: bytes, raw: bytes) -> None:
+        """Keep `raw` for `key`: with the batch (saved once its writes are durable), or at once."""
+        if self._batch is not None:
+            self._batch.tasks[key] = raw
+            self._batch.source[key] = self._message
+        else:
+            self.tasks[key] = raw
 
     def _timer(self, key: bytes) -> bytes | None:
         if self._batch is not None and key in self._batch.timers:
@@ -312,13 +323,11 @@ class Lifecycle:
         schedule.py), and at that time submits its DAG through the commands topic, as any submission,
         under an idempotency key naming the time, so a second firing for one time admits nothing twice."""
         key, at, body = inp.task_id.encode(), inp.sent_ms, inp.body
-        raw = self._batch.tasks.get(key) if self._batch is not None else None
-        raw = raw or self.tasks.get(key)
+        raw = self._raw(key)
         kept = json.loads(raw) if raw else None
         if isinstance(body, r.Schedule):
             due = schedule.next_due(body.cron, body.timezone, at) if body.enabled else None
-            fired = kept["fired"] if kept else None
-            self._keep_schedule(key, {"schedule": _plain(body), "due": due, "fired": fired, "set_ms": at})
+            self._keep_schedule(key, {"schedule": _plain(body), "due": due})
             log.info("schedule %s set (%s, %s): next due %s", inp.task_id, body.cron, body.timezone,
                      schedule.iso(due, body.timezone) if due else "never (stopped)")  # fmt: skip
             return
@@ -344,15 +353,10 @@ class Lifecycle:
             where = sch.tenant if linked else f"{sch.tenant}/schedule/{sch.name}/{fire_for}"
             await self._emit([(self.ctx.commands, where, cmd)])
             log.info("schedule %s submitted for %s (%d ms late by this clock)", inp.task_id, when, at - fire_for)
-        self._keep_schedule(key, {**kept, "due": due, "fired": fire_for or kept["fired"]})
+        self._keep_schedule(key, {**kept, "due": due})
 
     def _keep_schedule(self, key: bytes, kept: dict[str, Any]) -> None:
-        raw = json.dumps(kept).encode()
-        if self._batch is not None:
-            self._batch.tasks[key] = raw
-            self._batch.source[key] = self._message
-        else:
-            self.tasks[key] = raw
+        self._put(key, json.dumps(kept).encode())
         if kept["due"] is None:
             self._clear_timer(key)
         else:
@@ -512,11 +516,7 @@ class Lifecycle:
         key = record.state.task_id.encode()
         if timer is False and record.state.status is Status.WAITING and self._timer(key) is None:
             timer = self._recheck_timer(record, record.state.updated_ms) or False
-        if self._batch is not None:
-            self._batch.tasks[key] = dumps(record)
-            self._batch.source[key] = self._message
-        else:
-            self.tasks[key] = dumps(record)
+        self._put(key, dumps(record))
         if timer:
             self._set_timer(record.state.task_id, timer)
         elif timer is None:

@@ -624,6 +624,7 @@ def schedule_stop(
     from taskstream.schemas.records import Schedule
 
     tenant, _, name = schedule.partition("/")
+    # a stopped schedule keeps no times: any valid cron will do for the record's required field
     _send_schedule(Schedule(tenant, name, "* * * * *", "UTC", False), timeout)
     console.print(f"[yellow]schedule stopped[/] {lit(schedule)}")
 

@@ -256,6 +256,14 @@ class ReleaseClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class Promote:
+    """From the batcher: the task is among the top K ready ones; its owner queues it in `lane` if it is
+    still READY, and ignores it otherwise (a second promotion, a task cancelled since)."""
+
+    lane: str
+
+
+@dataclass(frozen=True, slots=True)
 class Inputs:
     """Several inputs of one partition in one record, in order: what one worker sent at the same moment
     (claims, reports, heartbeats of its tasks). Members are never packs themselves."""
@@ -276,6 +284,7 @@ InputBody = (
     | Heartbeat
     | ReleaseClaim
     | Schedule
+    | Promote
 )
 
 
@@ -353,5 +362,6 @@ INPUT_BODIES: dict[str, type] = {
         Heartbeat,
         ReleaseClaim,
         Schedule,
+        Promote,
     )
 }

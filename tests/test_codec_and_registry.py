@@ -180,25 +180,29 @@ def test_inputs_packed_in_one_record_round_trip_and_the_input_schema_change_is_c
     new = json.loads(schema_text("input"))
     old = json.loads(schema_text("input"))
     union = old["fields"][4]["type"]
-    old["fields"][4]["type"] = [b for b in union if not b["name"].endswith(("Inputs", "Schedule"))]
+    old["fields"][4]["type"] = [b for b in union if not b["name"].endswith(("Inputs", "Schedule", "Promote"))]
     finish = next(b for b in old["fields"][4]["type"] if b["name"].endswith("FinishReport"))
     finish["fields"] = [f for f in finish["fields"] if f["name"] not in ("started_ms", "pid")]
-    # Inputs, then Schedule, were added last, so the earlier branches keep their indexes
+    # Inputs, then Schedule, then Promote were added last, so the earlier branches keep their indexes
     names = [b["name"] for b in new["fields"][4]["type"]]
-    assert names[-2:] == ["io.taskstream.Inputs", "io.taskstream.Schedule"]
-    assert names[:-2] == [b["name"] for b in old["fields"][4]["type"]]
-    with_inputs = json.loads(json.dumps(new))
-    with_inputs["fields"][4]["type"] = with_inputs["fields"][4]["type"][:-1]
-    for version in (old, with_inputs, new):  # each schema the topic has had: BACKWARD at every step
+    assert names[-3:] == ["io.taskstream.Inputs", "io.taskstream.Schedule", "io.taskstream.Promote"]
+    assert names[:-3] == [b["name"] for b in old["fields"][4]["type"]]
+    steps = [old]
+    for drop in (2, 1, 0):  # with Inputs, with Schedule, with Promote
+        step = json.loads(json.dumps(new))
+        step["fields"][4]["type"] = step["fields"][4]["type"][: len(names) - drop]
+        steps.append(step)
+    for version in steps:  # each schema the topic has had: BACKWARD at every step
         registry.register_schema("p.task-inputs-value", Schema(json.dumps(version), "AVRO"))
-    assert registry.get_latest_version("p.task-inputs-value").version == 3
+    assert registry.get_latest_version("p.task-inputs-value").version == 4
     members = [
         r.InputRecord("i1", "t1", 5, "w", r.ClaimRequest(1, "w", "c1")),
         r.InputRecord("i2", "t2", 6, "w", r.FinishReport("c2", 0, "out", 3, "", started_ms=4, pid=9)),
         r.InputRecord("i3", "t1", 7, "w", r.Heartbeat("c1")),
     ]
+    members.append(r.InputRecord("i4", "t3", 8, "batcher", r.Promote("default")))
     packed = r.pack_inputs(members, "w")
-    codec = Codec({"input": 3}, lambda sid: pytest.fail("no lookup expected"))
+    codec = Codec({"input": 4}, lambda sid: pytest.fail("no lookup expected"))
     got = codec.decode("input", codec.encode(packed))
     assert got == packed and r.task_inputs(got) == members and got.task_id == "t1"
     assert r.task_inputs(members[0]) == [members[0]]

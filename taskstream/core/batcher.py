@@ -1,0 +1,85 @@
+"""The batcher's decision, pure: which ready tasks to promote to the queue this round.
+
+Ready tasks wait in the database; each round promotes at most K of them, K being what the live workers
+can take (each worker's slots and claim_ahead, plus `batch_ahead` so it never waits for a round) less
+what is already queued, claimed or running. Candidates come in rank order (deadline = ready time +
+delay tolerance, then priority, highest first). K is shared among the tenants with candidates by
+weight (weighted fair queuing: the next place goes to the tenant with the fewest places per unit of
+weight so far), never beyond a tenant's cap on tasks queued, claimed or running at once; a tenant that
+cannot use its share leaves it to the others. Within a tenant, rank order. A task that fits no live
+worker (cpu, memory, gpu) is not promoted: it would only wait in the queue.
+
+No I/O and no clock: streams/batcher.py reads the read model and sends the promotions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A live worker, as it last advertised itself."""
+
+    worker: str
+    slots: int
+    claim_ahead: int
+    cpus: float
+    memory_mb: int
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    task_id: str
+    tenant: str
+    cpu: float = 1.0
+    memory_mb: int = 256
+    gpu: int = 0
+
+    def fits(self, offer: Offer) -> bool:
+        return self.cpu <= offer.cpus and self.memory_mb <= offer.memory_mb and self.gpu <= offer.gpus
+
+
+def room(offers: Iterable[Offer], batch_ahead: int, occupied: int) -> int:
+    """K: what the live workers can take, less what is queued, claimed or running (or promoted and not
+    yet seen queued)."""
+    return max(0, sum(o.slots + o.claim_ahead + batch_ahead for o in offers) - occupied)
+
+
+def plan(
+    candidates: Sequence[Candidate],
+    k: int,
+    headroom: Mapping[str, int | None],
+    weights: Mapping[str, float],
+    offers: Sequence[Offer],
+) -> tuple[list[Candidate], list[Candidate]]:
+    """(the candidates to promote, in rank order; those that fit no live worker). `headroom`: per tenant,
+    how many more it may have queued, claimed or running (None or absent: no cap); `weights`: its
+    share of K relative to the others (absent: 1)."""
+    too_big = [c for c in candidates if not any(c.fits(o) for o in offers)]
+    big = {c.task_id for c in too_big}
+    queues: dict[str, list[int]] = {}  # tenant -> ranks of its candidates, in order
+    for rank, c in enumerate(candidates):
+        if c.task_id not in big:
+            queues.setdefault(c.tenant, []).append(rank)
+    taken: dict[str, int] = {}
+    heap: list[tuple[float, int, str]] = []  # (places per weight after one more, next rank, tenant)
+
+    def push(tenant: str) -> None:
+        n = taken.get(tenant, 0)
+        cap = headroom.get(tenant)
+        if n < len(queues[tenant]) and (cap is None or n < cap):
+            heapq.heappush(heap, ((n + 1) / max(weights.get(tenant, 1.0), 1e-9), queues[tenant][n], tenant))
+
+    for tenant in queues:
+        push(tenant)
+    chosen: list[int] = []
+    while heap and len(chosen) < k:
+        _, rank, tenant = heapq.heappop(heap)
+        chosen.append(rank)
+        taken[tenant] = taken.get(tenant, 0) + 1
+        push(tenant)
+    return [candidates[i] for i in sorted(chosen)], too_big

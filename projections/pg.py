@@ -49,8 +49,13 @@ MERGE_NEW_TASKS = (
     f"INSERT INTO tasks ({', '.join(NEW_TASK_COLS)}) SELECT {', '.join(NEW_TASK_COLS)} FROM _new_tasks "
     "ON CONFLICT (task_id) DO NOTHING"
 )
+_READY_BIT = 1 << TASK_PATCH_COLS.index("ready_at")
 MERGE_TASK_PATCHES = (
-    f"UPDATE tasks t SET {_pick(TASK_PATCH_COLS, 't', 'p')}, version = p.version, updated_at = p.updated_at "
+    f"UPDATE tasks t SET {_pick(TASK_PATCH_COLS, 't', 'p')}, version = p.version, updated_at = p.updated_at, "
+    # the deadline the batcher ranks by comes with the ready time, to the second: tasks ready within
+    # the same second with the same tolerance are ranked by priority, not by milliseconds of readiness
+    f"promote_by = CASE WHEN p.mask & {_READY_BIT} <> 0 "
+    "THEN date_trunc('second', p.ready_at + t.delay_tolerance_ms * interval '1 ms') ELSE t.promote_by END "
     "FROM _task_patch p WHERE t.task_id = p.task_id AND t.version < p.version"
 )
 # Upserted attempt columns are never set to NULL on purpose, so COALESCE keeps what a batch did not set.
@@ -75,6 +80,7 @@ WORKER_SEEN = (
     "DO UPDATE SET first_seen = least(workers.first_seen, EXCLUDED.first_seen), "
     "last_seen = greatest(workers.last_seen, EXCLUDED.last_seen)"
 )
+BATCHER_CHANNEL = "taskstream_batcher"  # NOTIFYed in a transaction that changed what the batcher counts
 SUBMISSION = (
     "INSERT INTO submissions (submission_id, tenant, idempotency_key, command_id, outcome, task_ids, errors, "
     "decided_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (submission_id) DO UPDATE SET "
@@ -152,6 +158,8 @@ class PgProjection:
                 cur.executemany(TENANT_SEEN, [(t, a, b) for t, (a, b) in w.tenants.items()])
             if w.workers:
                 cur.executemany(WORKER_SEEN, [(t, a, b) for t, (a, b) in w.workers.items()])
+            if w.batcher_news:
+                cur.execute(f"NOTIFY {BATCHER_CHANNEL}".encode())
             if letters:
                 cur.executemany(DEAD_LETTER, letters)
             cur.executemany(CHECKPOINT, [(self.projection, batch.topic, p, o) for p, o in batch.next_offsets.items()])

@@ -55,6 +55,8 @@ class PgWrites:
     attempt_patches: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     tenants: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
     workers: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
+    # whether anything the batcher counts changed: a task became ready, was queued, ended or left its worker
+    batcher_news: bool = False
 
 
 def _seen(d: dict[str, tuple[datetime, datetime]], key: str, at: datetime) -> None:
@@ -218,6 +220,8 @@ def fold(records: Iterable[r.EventRecord]) -> PgWrites:
             _seen(w.tenants, p.spec.tenant, at)
             continue
         cols, upsert, claim_patch = _changes(p, at)
+        if type(p) in BATCHER_NEWS:
+            w.batcher_news = True
         patch = w.task_patches.setdefault(tid, Patch(rec.version, at))
         patch.version, patch.at = rec.version, at
         patch.cols.update(cols)
@@ -228,6 +232,13 @@ def fold(records: Iterable[r.EventRecord]) -> PgWrites:
         if claim_patch is not None:
             w.attempt_patches.setdefault((tid, claim_patch[0]), {}).update(claim_patch[1])
     return w
+
+
+# Events after which the batcher may promote more: a task became ready, or room was made.
+BATCHER_NEWS = frozenset({
+    e.TaskReady, e.TaskQueued, e.TaskSucceeded, e.TaskFailed, e.TaskCancelled, e.TaskDeadLettered,
+    e.TaskLeaseExpired, e.TaskReleased, e.TaskRetryScheduled, e.TaskReprioritized,
+})  # fmt: skip
 
 
 def dead_letter_row(

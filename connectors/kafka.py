@@ -48,6 +48,9 @@ TOPICS: tuple[TopicPlan, ...] = (
     # ... and the submitter cluster's heartbeats (connectors/ownership.py): a log of them, kept an hour.
     # Not compacted: noida-db's cleaner compacted heartbeats away before members read them (gaps of 3 s).
     TopicPlan("admission-members", None, {"cleanup.policy": "delete", "retention.ms": "3600000"}, partitions=1),
+    # What each scheduler worker offers (streams/batcher.py), JSON, every heartbeat_ms: read by the
+    # batcher, kept an hour. Not task history, so not on the events topic.
+    TopicPlan("workers", None, {"cleanup.policy": "delete", "retention.ms": "3600000"}, partitions=1),
 )
 ADMISSION_GROUP_SUFFIX = "admission"  # consumer group (offsets only) of the admission workers
 FAUST_TABLES = ("tasks", "timers")  # the Faust workers' tables (streams/app.py)

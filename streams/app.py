@@ -3,11 +3,14 @@
 - lifecycle: events + task-inputs -> every later task event (streams/lifecycle.py)
 - executor: queue -> claim, run, report (streams/worker.py)
 - a timer that turns due retries and start times into inputs for the owning partition
+- batcher: on the group's leader, promotes the top K ready tasks to the queue (streams/batcher.py)
+- every worker advertises what it offers (JSON on the workers topic, every heartbeat_ms, and as it stops)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -28,14 +31,15 @@ from taskstream.connectors.keeper import Keeper, Taken, hold
 from taskstream.connectors.services import ready_file
 from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired, queued_tasks
+from taskstream.streams.batcher import Batcher, advert
 from taskstream.streams.context import Context
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.runner import Runners
 from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
-from taskstream.streams.worker import ClaimWaiter, Executor, InOrderAcks, Reports
+from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, InOrderAcks, Reports
 
-from taskstream.settings import Settings
+from taskstream.settings import Settings, worker_labels
 
 log = logging.getLogger(__name__)
 TIMER_RESEND_MS = 5_000
@@ -114,14 +118,40 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         if "keeper" not in waiter_holder:  # kills this worker's task processes if the worker dies
             waiter_holder["keeper"] = Keeper()
             waiter_holder["runners"] = Runners(waiter_holder["keeper"])  # for callable tasks
-            waiter_holder["slots"] = asyncio.Semaphore(s.worker_slots)
+            waiter_holder["capacity"] = capacity
             waiter_holder["reports"] = Reports(ctx())  # what the executors send together goes as one
         return Executor(
             ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"],
-            waiter_holder["slots"], waiter_holder["reports"],
+            waiter_holder["capacity"], waiter_holder["reports"],
         )  # fmt: skip
 
     in_order = InOrderAcks()
+    workers_topic = s.topic("workers")
+    capacity = Capacity.of(s)  # what this worker offers, and what its tasks take of it
+    labels = worker_labels(s.worker_labels)
+
+    async def advertised(stopping: bool = False) -> None:
+        ad = advert(capacity.offer(worker_id, s.claim_ahead), labels, capacity.claims, stopping, ctx().now_ms())
+        await (await app.producer.send(workers_topic, worker_id.encode(), ad, 0, None, None))
+
+    @app.task
+    async def advertise() -> None:
+        """Say what this worker offers every heartbeat_ms (the batcher's capacity), and that it stops."""
+        try:
+            while True:
+                with contextlib.suppress(Exception):
+                    await advertised()
+                await asyncio.sleep(s.heartbeat_ms / 1000)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(advertised(stopping=True), 2.0)
+            raise
+
+    if s.batcher:
+
+        @app.task
+        async def batcher() -> None:
+            await Batcher(ctx(), app.is_leader).run()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def _revoked(_sender: Any, *_: Any, **__: Any) -> None:

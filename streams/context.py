@@ -21,6 +21,7 @@ from taskstream.schemas.records import (
     QueuedTask,
     TaskEvents,
     pack,
+    pack_inputs,
     pack_queued,
 )
 
@@ -159,6 +160,19 @@ class Context:
             for chunk in chunks(qs, _spec_weight):
                 out.append((self.queue, chunk[0].task_id, chunk[0] if len(chunk) == 1 else pack_queued(chunk)))
         return out
+
+    def inputs_packed(self, recs: list[InputRecord]) -> list[tuple[Any, str, Any]]:
+        """Sends of task inputs, those of one partition in one record (records.Inputs), in order: each
+        record costs its owner a delivery through Faust's machinery."""
+        groups: dict[int, list[InputRecord]] = {}
+        for rec in recs:
+            groups.setdefault(self.partition(rec.task_id), []).append(rec)
+        sends = []
+        for group in groups.values():
+            for chunk in chunks(group, lambda rec: text_weight(rec.body)):
+                one = chunk[0] if len(chunk) == 1 else pack_inputs(chunk, self.node)
+                sends.append((self.inputs, chunk[0].task_id, one))
+        return sends
 
     async def send_all(self, sends: list[tuple[Any, str, Any]]) -> None:
         """Send (topic, key, record) tuples and wait until every one is durable.

@@ -312,6 +312,10 @@ class Lifecycle:
                 cmds.append(c.RetryTask(at))
             case r.TimerFired(purpose="not_before"):
                 cmds.append(c.MarkReady("earliest start time reached", at))
+            case r.Promote(lane=lane):
+                if record.state.status is not Status.READY:
+                    return  # promoted twice, or cancelled or queued since: nothing to do
+                cmds.append(c.QueueTask(lane, at))
             case r.CancelRequest(reason=why):
                 cmds.append(c.CancelTask(why, at))
             case r.ReprioritizeRequest(priority=p):
@@ -404,8 +408,8 @@ class Lifecycle:
                         )
                     if s.spec.dependencies and self._all_succeeded(record):
                         cmds.append(c.MarkReady("every prerequisite succeeded", at))
-                case e.TaskReady():
-                    cmds.append(c.QueueTask(self.ctx.settings.lane, at))
+                case e.TaskReady() if not self.ctx.settings.batcher:
+                    cmds.append(c.QueueTask(self.ctx.settings.lane, at))  # else it waits to be promoted
                 case e.TaskQueued(attempt=n, lane=lane):
                     assert s.spec is not None
                     sends.append((self.ctx.queue, s.task_id, r.QueuedTask(s.task_id, n, lane, at, s.spec)))

@@ -34,10 +34,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from taskstream.connectors.keeper import Keeper, die_with_parent
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
-from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context, chunks, text_weight
+from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context
 from taskstream.streams.runner import CallFailed, Runner, Runners
 
 from taskstream.core import events as e
+from taskstream.core.batcher import Offer
 
 log = logging.getLogger(__name__)
 CLAIM_RESEND_S = 10.0  # a claim request with no verdict yet is sent again after this, then twice as long ...
@@ -115,14 +116,7 @@ class Reports:
 
     async def _flush(self) -> None:
         waiting, self.waiting = self.waiting, []
-        groups: dict[int, list[r.InputRecord]] = {}
-        for rec, _ in waiting:
-            groups.setdefault(self.ctx.partition(rec.task_id), []).append(rec)
-        sends = []
-        for recs in groups.values():
-            for chunk in chunks(recs, lambda rec: text_weight(rec.body)):
-                one = chunk[0] if len(chunk) == 1 else r.pack_inputs(chunk, self.ctx.node)
-                sends.append((self.ctx.inputs, chunk[0].task_id, one))
+        sends = self.ctx.inputs_packed([rec for rec, _ in waiting])
         try:
             await self.ctx.send_all(sends)  # retried until the broker takes it
         except asyncio.CancelledError:  # the worker is stopping
@@ -230,6 +224,58 @@ class ClaimWaiter:
                 told.set_result(p.reason)
 
 
+class Capacity:
+    """A worker's slots, cpus, memory and gpus, and what its running tasks take of them. `take` waits
+    until a task's needs fit what is free (no worker is ever oversubscribed); `give` hands them back.
+    What it offers by default: one cpu per slot and the machine's memory (Settings.worker_cpus, ...)."""
+
+    def __init__(self, slots: int, cpus: float, memory_mb: int, gpus: int) -> None:
+        self.slots, self.cpus, self.memory_mb, self.gpus = slots, cpus, memory_mb, gpus
+        self.used = [0, 0.0, 0, 0]  # slots, cpus, memory_mb, gpus
+        self.claims = 0  # claims held, running or waiting for room (advertised)
+        self.waiters: list[asyncio.Future[None]] = []
+
+    @classmethod
+    def of(cls, s: Any) -> Capacity:
+        memory = s.worker_memory_mb or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+        return cls(s.worker_slots, s.worker_cpus or float(s.worker_slots), int(memory), s.worker_gpus)
+
+    def could_run(self, res: Any) -> str | None:
+        """Why a task with these needs can never run here, or None if it can."""
+        for need, has, what in ((res.cpu, self.cpus, "cpus"), (res.memory_mb, self.memory_mb, "MB of memory"),
+                                (res.gpu, self.gpus, "gpus")):  # fmt: skip
+            if need > has:
+                return f"it needs {need:g} {what} and this worker offers {has:g}"
+        return None
+
+    def _fits(self, res: Any) -> bool:
+        u = self.used
+        return (u[0] < self.slots and u[1] + res.cpu <= self.cpus + 1e-9 and u[2] + res.memory_mb <= self.memory_mb
+                and u[3] + res.gpu <= self.gpus)  # fmt: skip
+
+    async def take(self, res: Any) -> None:
+        while not self._fits(res):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.waiters.append(fut)
+            try:
+                await fut
+            finally:
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(fut)
+        u = self.used
+        u[0], u[1], u[2], u[3] = u[0] + 1, u[1] + res.cpu, u[2] + res.memory_mb, u[3] + res.gpu
+
+    def give(self, res: Any) -> None:
+        u = self.used
+        u[0], u[1], u[2], u[3] = u[0] - 1, u[1] - res.cpu, u[2] - res.memory_mb, u[3] - res.gpu
+        for fut in self.waiters:  # each looks again whether it fits now
+            if not fut.done():
+                fut.set_result(None)
+
+    def offer(self, worker: str, claim_ahead: int) -> Offer:
+        return Offer(worker, self.slots, claim_ahead, self.cpus, self.memory_mb, self.gpus)
+
+
 def _tail(buf: bytearray, limit: int) -> str:
     return bytes(buf[-limit:]).decode("utf-8", errors="replace")
 
@@ -256,7 +302,7 @@ class Executor:
         waiter: ClaimWaiter,
         keeper: Keeper | None = None,
         runners: Runners | None = None,
-        slots: asyncio.Semaphore | None = None,
+        capacity: Capacity | None = None,
         reports: Reports | None = None,
     ) -> None:
         self.ctx = ctx
@@ -265,8 +311,8 @@ class Executor:
         self.waiter = waiter
         self.keeper = keeper
         self.runners = runners if runners is not None else Runners(keeper)  # shared by a worker's executors
-        # the worker's run slots, shared by its executors: more executors claim than run (claim_ahead)
-        self.slots = slots if slots is not None else asyncio.Semaphore(ctx.settings.worker_slots)
+        # the worker's slots and resources, shared by its executors: more executors claim than run
+        self.capacity = capacity if capacity is not None else Capacity.of(ctx.settings)
         self.work_root = ctx.settings.state_dir / "work"
 
     async def handle(self, qt: r.QueuedTask) -> None:
@@ -281,6 +327,10 @@ class Executor:
         claim_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{qt.task_id}/{qt.attempt}/{self.worker_id}"))
         if not self.waiter.first_time(claim_id):
             log.info("task %s attempt %d was queued again; this worker has claimed it already", qt.task_id, qt.attempt)
+            return
+        never = self.capacity.could_run(qt.spec.resources)
+        if never is not None:  # left to a worker that fits, once its record is queued again (requeue_ms)
+            log.warning("task %s not claimed: %s", qt.task_id, never)
             return
         verdict = self.waiter.expect(claim_id)
         now = self.ctx.now_ms()
@@ -303,9 +353,10 @@ class Executor:
             log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
             return
         beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))  # from the claim on, not the start
+        self.capacity.claims += 1
         try:
             try:
-                await self.slots.acquire()  # claimed ahead: wait for a free slot
+                await self.capacity.take(qt.spec.resources)  # claimed ahead: wait for room
             except asyncio.CancelledError:  # the worker is stopping before it ran: hand it back
                 why = f"its worker {self.worker_id} stopped before a slot was free"
                 with contextlib.suppress(Exception):
@@ -321,8 +372,9 @@ class Executor:
                     return
                 await self._run(qt, claim_id, cancelled)
             finally:
-                self.slots.release()
+                self.capacity.give(qt.spec.resources)
         finally:
+            self.capacity.claims -= 1
             beats.cancel()
 
     async def _heartbeats(self, task_id: str, claim_id: str) -> None:

@@ -1115,6 +1115,14 @@ def worker(
     slots: Annotated[
         int | None, typer.Option(min=1, help="tasks it runs at once (default: TASKSTREAM_WORKER_SLOTS)")
     ] = None,
+    cpus: Annotated[
+        float | None, typer.Option(min=0.001, help="cpus it offers to tasks (default: one per slot)")
+    ] = None,
+    memory: Annotated[
+        str | None, typer.Option(help="memory it offers, e.g. 512MiB, 8GiB, 2000 (MiB) (default: the machine's)")
+    ] = None,
+    gpus: Annotated[int | None, typer.Option(min=0, help="gpus it offers (default: 0)")] = None,
+    label: Annotated[list[str] | None, typer.Option(help="k=v, advertised with the rest (repeatable)")] = None,
 ) -> None:
     """Run one more worker in the foreground, against the stack the TASKSTREAM_* settings name (the
     embedded one by default). It joins the workers' group, takes a share of the tasks' partitions (as
@@ -1124,11 +1132,47 @@ def worker(
     processes die with it and its leases expire. Exit status 2: bad settings, or the index is taken."""
     from dataclasses import replace
 
+    from taskstream.settings import worker_labels
+
     s = settings()
     if slots is not None:
         s = replace(s, worker_slots=slots)
+    if cpus is not None:
+        s = replace(s, worker_cpus=cpus)
+    if memory is not None:
+        try:
+            s = replace(s, worker_memory_mb=memory_mb(memory))
+        except ValueError as exc:
+            fail(f"--memory {memory!r}: {exc}", 2)
+    if gpus is not None:
+        s = replace(s, worker_gpus=gpus)
+    if label:
+        try:
+            worker_labels(",".join(label))
+        except ValueError as exc:
+            fail(f"--label: {exc}", 2)
+        s = replace(s, worker_labels=",".join(label))
     chosen = s.workers if index is None else index  # the supervisor's own workers are 0 .. workers-1
-    _run_worker(s, chosen, f"worker {chosen} ({s.worker_slots} slots) joining {s.bootstrap}; its log follows")
+    offers = f"{s.worker_slots} slots, {s.worker_cpus or s.worker_slots:g} cpus, {s.worker_gpus} gpus"
+    _run_worker(s, chosen, f"worker {chosen} ({offers}) joining {s.bootstrap}; its log follows")
+
+
+_SIZE_UNITS = {"": 1, "m": 1, "mb": 1, "mib": 1, "g": 1024, "gb": 1024, "gib": 1024, "t": 1024**2, "tb": 1024**2,
+               "tib": 1024**2}  # fmt: skip
+
+
+def memory_mb(text: str) -> int:
+    """A size as MiB: a number with an optional unit (MiB, GiB, TiB; M, G, T and MB, GB, TB read as those)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _SIZE_UNITS:
+        raise ValueError("expected a size such as 512MiB, 8GiB or 2000 (MiB)")
+    mb = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    if mb < 1:
+        raise ValueError("must be at least 1 MiB")
+    return mb
 
 
 def _run_worker(s: Settings, index: int, hello: str = "") -> None:

@@ -59,8 +59,24 @@ class Settings:
     # its next task at once instead of after a claim's round trip (Celery's prefetch). A task claimed
     # ahead is CLAIMED, its lease kept alive, until a slot takes it; a stopping worker hands it back.
     claim_ahead: int = 4
+    # What a worker offers (advertised every heartbeat_ms, streams/worker.py): it runs a task only while
+    # the task's cpu, memory_mb and gpu fit what its running tasks leave free. 0 cpus: one per slot;
+    # 0 memory: the machine's. worker_labels: "k=v,k2=v2".
+    worker_cpus: float = 0.0
+    worker_memory_mb: int = 0
+    worker_gpus: int = 0
+    worker_labels: str = ""
     node_id: str = ""
     lane: str = "default"
+    # The batcher (streams/batcher.py): ready tasks wait in the database and the top K by deadline
+    # (ready time + delay tolerance), then priority, are promoted to the queue, K being what the live
+    # workers can take (their slots and claim_ahead, plus batch_ahead each, so a worker does not wait
+    # for the next round) less what is queued, claimed or running, within each tenant's cap. Off: a
+    # task is queued as soon as it is ready.
+    batcher: int = 1
+    batch_ahead: int = 64
+    # A round runs when the read model says something changed, and at least this often.
+    batcher_interval_ms: int = 1_000
     output_tail_bytes: int = 4096
     # Leases (the seed's visibility timeout): a claim is the worker's for lease_ms after its last
     # heartbeat (sent every heartbeat_ms while it holds the claim); the owner expires it lease_grace_ms
@@ -174,10 +190,13 @@ class Settings:
                     values[f.name] = Path(raw)
                 elif kind is int:
                     values[f.name] = int(raw)
+                elif kind is float:
+                    values[f.name] = float(raw)
                 else:
                     values[f.name] = raw
             except ValueError as exc:
-                raise SettingsError(f"TASKSTREAM_{f.name.upper()}={raw!r}: expected an integer") from exc
+                expected = "an integer" if kind is int else "a number"
+                raise SettingsError(f"TASKSTREAM_{f.name.upper()}={raw!r}: expected {expected}") from exc
         s = replace(cls(**values), **overrides)  # type: ignore[arg-type]
         if s.broker not in ("", "kafka", "noida"):
             raise SettingsError(f"TASKSTREAM_BROKER={s.broker!r}: expected 'kafka' or 'noida' (or unset, to choose)")
@@ -217,6 +236,19 @@ def _timing_problems(s: Settings) -> list[str]:
         out.append(f"TASKSTREAM_WORKER_SLOTS={s.worker_slots} must be at least 1")
     if s.claim_ahead < 0:
         out.append(f"TASKSTREAM_CLAIM_AHEAD={s.claim_ahead} must not be negative")
+    if s.worker_cpus < 0 or s.worker_memory_mb < 0 or s.worker_gpus < 0:
+        out.append(
+            f"TASKSTREAM_WORKER_CPUS={s.worker_cpus}, TASKSTREAM_WORKER_MEMORY_MB={s.worker_memory_mb} and"
+            f" TASKSTREAM_WORKER_GPUS={s.worker_gpus} must not be negative (0 cpus or memory: the default)"
+        )
+    try:
+        worker_labels(s.worker_labels)
+    except ValueError as exc:
+        out.append(f"TASKSTREAM_WORKER_LABELS={s.worker_labels!r}: {exc}")
+    if s.batch_ahead < 0:
+        out.append(f"TASKSTREAM_BATCH_AHEAD={s.batch_ahead} must not be negative")
+    if s.batcher_interval_ms < 10:
+        out.append(f"TASKSTREAM_BATCHER_INTERVAL_MS={s.batcher_interval_ms} must be at least 10")
     if s.lease_expiry_limit < 1:
         out.append(f"TASKSTREAM_LEASE_EXPIRY_LIMIT={s.lease_expiry_limit} must be at least 1")
     if not 0 < s.recheck_ms <= s.recheck_max_ms:
@@ -224,4 +256,15 @@ def _timing_problems(s: Settings) -> list[str]:
             f"TASKSTREAM_RECHECK_MS={s.recheck_ms} must be above 0 and at most"
             f" TASKSTREAM_RECHECK_MAX_MS={s.recheck_max_ms}"
         )
+    return out
+
+
+def worker_labels(text: str) -> dict[str, str]:
+    """`k=v,k2=v2` as a mapping; ValueError naming the item that is not `key=value`."""
+    out: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"{item!r} is not key=value")
+        out[key.strip()] = value.strip()
     return out

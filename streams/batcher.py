@@ -1,0 +1,237 @@
+"""The batcher: keeps the queue short by promoting only the top K ready tasks (taskstream/core/batcher.py).
+
+Ready tasks wait in PostgreSQL (the read model), where they can still be reprioritized or cancelled at
+the cost of one row. A round takes what the live workers advertised (on the `workers` topic, followed
+here), reads what is queued, claimed or running per tenant, each tenant's cap and weight, and the best
+ready candidates by deadline and priority; the pure plan picks at most K; each pick is sent to its
+task's owner as a Promote input (those of one partition in one record), and the owner queues it if it
+is still READY. A round runs when the PG
+projector says something it counts changed (NOTIFY in the transaction that changed it: a task ready,
+queued or ended), and at least every batcher_interval_ms (a worker that comes or goes).
+
+One batcher runs at a time: the Faust worker that is the group's leader. Its successor after a crash or
+rebalance starts from the read model alone. A promotion the read model does not show yet is counted
+as taken from the moment it is sent until the row says the task is no longer READY (or PROMOTED_KEPT_S
+passes, after which the task may be promoted again: its owner ignores a second promotion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+from taskstream.projections.pg import BATCHER_CHANNEL
+from taskstream.schemas import records as r
+from taskstream.streams.context import Context
+
+from taskstream.core.batcher import Candidate, Offer, plan, room
+from taskstream.settings import Settings
+
+log = logging.getLogger(__name__)
+PROMOTED_KEPT_S = 30.0
+TOO_BIG_KEPT = 10_000  # tasks reported as fitting no live worker, remembered so each is logged once
+NOT_LEADER_WAIT_S = 0.5
+
+TAKEN = "SELECT tenant, count(*) FROM tasks WHERE status IN ('QUEUED', 'CLAIMED', 'RUNNING') GROUP BY tenant"
+TENANTS = "SELECT tenant, max_running, weight FROM tenants"
+STILL_READY = "SELECT task_id::text FROM tasks WHERE task_id = ANY(%s::uuid[]) AND status = 'READY'"
+# Each tenant's best n (the index tasks_ready_by_deadline), merged in rank order.
+CANDIDATES = (
+    "SELECT c.task_id::text, c.tenant, c.cpu, c.memory_mb, c.gpu FROM tenants n CROSS JOIN LATERAL ("
+    " SELECT task_id, tenant, cpu, memory_mb, gpu, promote_by, priority FROM tasks"
+    " WHERE status = 'READY' AND tenant = n.tenant AND task_id <> ALL(%s::uuid[])"
+    " ORDER BY promote_by, priority DESC LIMIT %s) c "
+    "ORDER BY c.promote_by, c.priority DESC, c.task_id"
+)
+
+
+class Batcher:
+    def __init__(self, ctx: Context, is_leader: Callable[[], bool]) -> None:
+        self.ctx = ctx
+        self.is_leader = is_leader
+        self.promoted: dict[str, tuple[str, float]] = {}  # task id -> (tenant, when sent), not yet seen queued
+        self.too_big: OrderedDict[str, None] = OrderedDict()
+        self.rounds = 0
+
+    async def run(self) -> None:
+        s = self.ctx.settings
+        while True:
+            if not self.is_leader():
+                self.promoted.clear()  # a later tenure starts from the read model
+                await asyncio.sleep(NOT_LEADER_WAIT_S)
+                continue
+            adverts = Adverts(s)
+            try:
+                await adverts.start()
+                async with await psycopg.AsyncConnection.connect(s.dsn, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {BATCHER_CHANNEL}".encode())
+                    log.info("batcher: promoting ready tasks on this worker (the group's leader)")
+                    while self.is_leader():
+                        await self.round(conn, adverts.live())
+                        await _news(conn, s.batcher_interval_ms / 1000)
+            except (psycopg.OperationalError, psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
+                log.warning("batcher: the read model is not reachable (%s); trying again in 1s", exc)
+                await asyncio.sleep(1.0)
+            except (KafkaError, OSError) as exc:
+                log.warning("batcher: the workers topic is not readable (%s); trying again in 1s", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                await adverts.stop()
+
+    async def round(self, conn: psycopg.AsyncConnection[Any], offers: list[Offer]) -> list[str]:
+        """One promotion round; returns the ids promoted."""
+        chosen = await self.choose(conn, offers)
+        if chosen:
+            await self.promote(chosen)
+        return [c.task_id for c in chosen]
+
+    async def choose(self, conn: psycopg.AsyncConnection[Any], offers: list[Offer]) -> list[Candidate]:
+        """The tasks to promote now, in rank order, given the live workers' offers: reads the read model
+        and plans (taskstream/core/batcher.py); sends nothing."""
+        s = self.ctx.settings
+        self.rounds += 1
+        if not offers:
+            return []
+        await self._forget_queued(conn)
+        taken = dict(await (await conn.execute(TAKEN)).fetchall())
+        in_flight: dict[str, int] = {}
+        for tenant, _ in self.promoted.values():
+            in_flight[tenant] = in_flight.get(tenant, 0) + 1
+        k = room(offers, s.batch_ahead, sum(taken.values()) + len(self.promoted))
+        if k == 0:
+            return []
+        headroom: dict[str, int | None] = {}
+        weights: dict[str, float] = {}
+        for tenant, cap, weight in await (await conn.execute(TENANTS)).fetchall():
+            weights[tenant] = float(weight)
+            if cap is not None:
+                headroom[tenant] = max(0, cap - taken.get(tenant, 0) - in_flight.get(tenant, 0))
+        rows = await (await conn.execute(CANDIDATES, (list(self.promoted), k))).fetchall()
+        candidates = [Candidate(*row) for row in rows]
+        chosen, too_big = plan(candidates, k, headroom, weights, offers)
+        self._report_too_big(too_big, offers)
+        log.debug("batcher: %d of %d candidates chosen (K %d)", len(chosen), len(candidates), k)
+        return chosen
+
+    async def promote(self, chosen: list[Candidate]) -> None:
+        """Send each chosen task's owner a Promote (those of one partition in one record), and count them
+        as taken until the read model shows them queued."""
+        at = self.ctx.now_ms()
+        promote = r.Promote(self.ctx.settings.lane)
+        recs = [self.ctx.input(c.task_id, at, promote, f"{c.task_id}:promote:{at}") for c in chosen]
+        await self.ctx.send_all(self.ctx.inputs_packed(recs))
+        sent = time.monotonic()
+        for c in chosen:
+            self.promoted[c.task_id] = (c.tenant, sent)
+
+    async def _forget_queued(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Promotions the read model now shows as no longer READY are counted from it from now on."""
+        if not self.promoted:
+            return
+        still = {row[0] for row in await (await conn.execute(STILL_READY, (list(self.promoted),))).fetchall()}
+        old = time.monotonic() - PROMOTED_KEPT_S
+        for tid in [t for t, (_, sent) in self.promoted.items() if t not in still or sent < old]:
+            del self.promoted[tid]
+
+    def _report_too_big(self, too_big: list[Candidate], offers: list[Offer]) -> None:
+        for c in too_big:
+            if c.task_id in self.too_big:
+                continue
+            self.too_big[c.task_id] = None
+            if len(self.too_big) > TOO_BIG_KEPT:
+                self.too_big.popitem(last=False)
+            log.warning(
+                "batcher: task %s (tenant %s) needs %g cpus, %d MB, %d gpus; no live worker offers that (%s): it "
+                "waits READY until one does", c.task_id, c.tenant, c.cpu, c.memory_mb, c.gpu,
+                ", ".join(f"{o.worker}: {o.cpus:g} cpus, {o.memory_mb} MB, {o.gpus} gpus" for o in offers),
+            )  # fmt: skip
+
+
+async def _news(conn: psycopg.AsyncConnection[Any], timeout_s: float) -> None:
+    """Wait until the projector says something changed, or `timeout_s`; then take every notice
+    already there, so a burst of them makes one round."""
+    async for _ in conn.notifies(timeout=timeout_s, stop_after=1):
+        pass
+    async for _ in conn.notifies(timeout=0.0):
+        pass
+
+
+# -- what workers offer: JSON on the `workers` topic (one partition, kept an hour) -------------------
+
+
+def advert(offer: Offer, labels: dict[str, str], claims: int, stopping: bool, at_ms: int) -> bytes:
+    """A worker's advertisement: what it offers, its labels, the claims it holds, whether it is stopping."""
+    body = {"worker": offer.worker, "slots": offer.slots, "claim_ahead": offer.claim_ahead, "cpus": offer.cpus,
+            "memory_mb": offer.memory_mb, "gpus": offer.gpus, "labels": labels, "claims": claims,
+            "stopping": stopping, "at_ms": at_ms}  # fmt: skip
+    return json.dumps(body, sort_keys=True).encode()
+
+
+def offer_of(body: dict[str, Any]) -> Offer:
+    return Offer(str(body["worker"]), int(body["slots"]), int(body["claim_ahead"]), float(body["cpus"]),
+                 int(body["memory_mb"]), int(body["gpus"]))  # fmt: skip
+
+
+class Adverts:
+    """Follows the `workers` topic from lease_ms ago: each worker's latest advertisement. A worker is live
+    while it advertised within lease_ms and did not say it stops. Age is counted from each record's own
+    time for what was there at the start, and from its arrival for what came after (so a worker's skewed
+    clock does not make it look dead)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.tp = TopicPartition(settings.topic("workers"), 0)
+        self.latest: dict[str, tuple[dict[str, Any], float]] = {}  # worker -> (advert, monotonic time heard)
+        self.consumer: AIOKafkaConsumer | None = None
+        self.follower: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.s.bootstrap, enable_auto_commit=False)
+        await self.consumer.start()
+        self.consumer.assign([self.tp])
+        end = (await self.consumer.end_offsets([self.tp]))[self.tp]
+        since = int(time.time() * 1000) - self.s.lease_ms
+        found = (await self.consumer.offsets_for_times({self.tp: since})).get(self.tp)
+        self.consumer.seek(self.tp, found.offset if found is not None else end)
+        self.follower = asyncio.create_task(self._follow(end))
+
+    async def _follow(self, end: int) -> None:
+        assert self.consumer is not None
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=500, max_records=1000)
+            now_ms, mono = time.time() * 1000, time.monotonic()
+            for msgs in batches.values():
+                for m in msgs:
+                    try:
+                        body = json.loads(m.value or b"{}")
+                        offer_of(body)
+                    except (ValueError, KeyError, TypeError):
+                        continue  # not an advertisement: skipped, the others still count
+                    age_s = max(0.0, now_ms - int(body.get("at_ms", now_ms))) / 1000 if m.offset < end else 0.0
+                    self.latest[body["worker"]] = (body, mono - age_s)
+
+    def live(self) -> list[Offer]:
+        if self.follower is not None and self.follower.done():
+            self.follower.result()  # what stopped it (the run loop starts again)
+            raise KafkaError("the workers topic reader stopped")
+        horizon = time.monotonic() - self.s.lease_ms / 1000
+        return [offer_of(b) for b, heard in self.latest.values() if heard > horizon and not b.get("stopping")
+                and int(b["slots"]) > 0]  # fmt: skip
+
+    async def stop(self) -> None:
+        if self.follower is not None:
+            self.follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.follower
+        if self.consumer is not None:
+            with contextlib.suppress(Exception):
+                await self.consumer.stop()

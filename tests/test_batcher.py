@@ -1,0 +1,228 @@
+"""The batcher's pure decision (taskstream/core/batcher.py): K, rank order, tenant caps and weights, fit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import psycopg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from taskstream.schemas import records as r
+
+from taskstream.core import events as e
+from taskstream.core.batcher import Candidate, Offer, plan, room
+from taskstream.sdk import Client
+from tests.conftest import Stack, running, wait_until
+from tests.test_dispatch import all_succeeded, history, story, submit
+
+SMALL = Offer("w1", slots=4, claim_ahead=2, cpus=4.0, memory_mb=8192, gpus=0)
+GPU = Offer("w2", slots=2, claim_ahead=0, cpus=8.0, memory_mb=65536, gpus=2)
+
+
+def cands(tenant: str, n: int, **need: float) -> list[Candidate]:
+    return [Candidate(f"{tenant}-{i}", tenant, **need) for i in range(n)]  # type: ignore[arg-type]
+
+
+def test_k_is_what_the_live_workers_take_less_what_is_taken() -> None:
+    assert room([SMALL, GPU], batch_ahead=3, occupied=0) == (4 + 2 + 3) + (2 + 0 + 3)
+    assert room([SMALL, GPU], batch_ahead=3, occupied=10) == 4
+    assert room([SMALL], batch_ahead=0, occupied=50) == 0  # more taken than offered: none, never negative
+    assert room([], batch_ahead=16, occupied=0) == 0  # no live worker: nothing is promoted
+
+
+def test_one_tenant_gets_the_top_k_in_rank_order() -> None:
+    c = cands("a", 10)
+    chosen, too_big = plan(c, 4, {}, {}, [SMALL])
+    assert chosen == c[:4] and too_big == []
+
+
+def test_a_cap_stops_a_tenant_and_its_share_goes_to_the_others() -> None:
+    a, b = cands("a", 10), cands("b", 10)
+    ranked = [x for pair in zip(a, b, strict=True) for x in pair]
+    chosen, _ = plan(ranked, 8, {"a": 2}, {}, [SMALL])
+    assert [x.task_id for x in chosen if x.tenant == "a"] == ["a-0", "a-1"]
+    assert [x.task_id for x in chosen if x.tenant == "b"] == [f"b-{i}" for i in range(6)]
+
+
+def test_a_flooding_tenant_does_not_crowd_out_the_others_and_weights_set_the_shares() -> None:
+    flood = cands("flood", 1000)
+    late = cands("gold", 50) + cands("std", 50)  # ranked after every flood task (later deadlines)
+    chosen, _ = plan(flood + late, 40, {}, {"gold": 2.0}, [SMALL])
+    count = {t: sum(1 for x in chosen if x.tenant == t) for t in ("flood", "gold", "std")}
+    assert count == {"flood": 10, "gold": 20, "std": 10}  # 1 : 2 : 1
+
+
+def test_a_task_no_live_worker_fits_waits_and_smaller_ones_go_past_it() -> None:
+    big = Candidate("big", "a", cpu=1.0, memory_mb=256, gpu=1)
+    rest = cands("a", 3)
+    chosen, too_big = plan([big, *rest], 3, {}, {}, [SMALL])
+    assert too_big == [big] and chosen == rest
+    chosen, too_big = plan([big, *rest], 3, {}, {}, [SMALL, GPU])  # a gpu worker is live: it fits
+    assert too_big == [] and chosen == [big, *rest[:2]]
+
+
+@st.composite
+def rounds(draw: st.DrawFn) -> tuple[list[Candidate], int, dict[str, int | None], dict[str, float]]:
+    tenants = draw(st.lists(st.sampled_from("abcde"), min_size=1, max_size=5, unique=True))
+    n = draw(st.integers(0, 60))
+    ranked = [
+        Candidate(f"t{i}", draw(st.sampled_from(tenants)), gpu=draw(st.sampled_from([0, 0, 0, 1, 3]))) for i in range(n)
+    ]
+    caps = {t: draw(st.none() | st.integers(0, 20)) for t in tenants}
+    weights = {t: draw(st.floats(0.1, 10)) for t in tenants}
+    return ranked, draw(st.integers(0, 80)), caps, weights
+
+
+@given(rounds())
+def test_a_round_keeps_every_bound_and_leaves_no_room_unused_that_a_candidate_could_take(
+    case: tuple[list[Candidate], int, dict[str, int | None], dict[str, float]],
+) -> None:
+    ranked, k, caps, weights = case
+    chosen, too_big = plan(ranked, k, caps, weights, [SMALL, GPU])
+    assert len(chosen) <= k
+    assert all(c.gpu <= 2 for c in chosen) and all(c.gpu > 2 for c in too_big)
+    rank = {c.task_id: i for i, c in enumerate(ranked)}
+    assert [rank[c.task_id] for c in chosen] == sorted(rank[c.task_id] for c in chosen)  # rank order
+    for tenant, cap in caps.items():
+        fitting = [c for c in ranked if c.tenant == tenant and c.gpu <= 2]
+        mine = [c for c in chosen if c.tenant == tenant]
+        assert mine == fitting[: len(mine)]  # a tenant's best first
+        assert cap is None or len(mine) <= cap
+        if len(chosen) < k:  # room left over: this tenant had nothing more it was allowed
+            assert len(mine) == len(fitting) or (cap is not None and len(mine) == cap)
+
+
+# ---- on a real stack ---------------------------------------------------------------------------------
+# One worker with 2 slots, claim_ahead 1, 2 cpus, and a batcher keeping 2 more queued: K = 5.
+SLOTS, AHEAD, BATCH_AHEAD, CPUS = 2, 1, 2, 2.0
+K = SLOTS + AHEAD + BATCH_AHEAD
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory, stack_kind: str) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp(f"batcher-{stack_kind}") / "state", stack_kind)
+    s.env.update(
+        TASKSTREAM_WORKER_SLOTS=str(SLOTS),
+        TASKSTREAM_CLAIM_AHEAD=str(AHEAD),
+        TASKSTREAM_BATCH_AHEAD=str(BATCH_AHEAD),
+        TASKSTREAM_WORKER_CPUS=str(CPUS),
+    )
+    with running(s):
+        yield s
+
+
+def statuses(stack: Stack, ids: Iterable[str]) -> dict[str, str]:
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
+        got = conn.execute("SELECT task_id::text, status FROM tasks WHERE task_id = ANY(%s::uuid[])", (list(ids),))
+        return dict(got.fetchall())  # type: ignore[arg-type]
+
+
+def busy(stack: Stack, seconds: float) -> dict[str, str]:
+    """K tasks sleeping `seconds` (cpu 0.5 each), once the read model shows none of them waiting."""
+    _, ids = submit(stack, [{"name": f"busy{i}", "call": "time:sleep", "args": [seconds], "resources": {"cpu": 0.5}}
+                            for i in range(K)])  # fmt: skip
+    wait_until(lambda: "READY" not in statuses(stack, ids.values()).values(), 30, "the busy tasks promoted")
+    return ids
+
+
+def first(evs: list[r.EventRecord], kind: type) -> r.EventRecord | None:
+    return next((ev for ev in evs if isinstance(ev.payload, kind)), None)
+
+
+ENDS = (e.TaskSucceeded, e.TaskFailed, e.TaskCancelled, e.TaskDeadLettered, e.TaskLeaseExpired, e.TaskReleased)
+
+
+def most_at_once(spans: Iterable[tuple[int, int, float]]) -> float:
+    """The largest sum of weights of the [start, end] spans open at one instant (an end at the same
+    millisecond as a start is taken first)."""
+    points = sorted([(a, 1, w) for a, _, w in spans] + [(b, 0, w) for _, b, w in spans])
+    now = top = 0.0
+    for _, opening, w in points:
+        now += w if opening else -w
+        top = max(top, now)
+    return top
+
+
+def test_a_flood_waits_in_the_database_and_the_queue_never_holds_more_than_k(small: Stack) -> None:
+    """While the worker is busy, a 40-task submission is still accepted and its tasks wait READY in the
+    database; from the log, never more than K tasks were queued, claimed or running at once, and the
+    tasks were queued in rank order: deadline (ready time + delay tolerance, to the second), then
+    priority, highest first."""
+    blockers = busy(small, 3.0)
+    flood = [
+        {"name": f"f{i}", "call": "time:sleep", "args": [0.05], "priority": i % 5,
+         "delay_tolerance_s": 5 * (i % 2), "resources": {"cpu": 0.5}}
+        for i in range(40)
+    ]  # fmt: skip
+    sid, ids = submit(small, flood)  # accepted while everything is busy
+    # they wait in the database (the busy tasks run for seconds yet)
+    wait_until(lambda: list(statuses(small, ids.values()).values()).count("READY") >= 35, 2.5, "35 waiting")
+    wait_until(lambda: all_succeeded(small, sid, 40), 120, "every flood task to succeed")
+    log = history(small, {*ids.values(), *blockers.values()})
+    spans = []
+    for tid, evs in log.items():
+        queued, ended = first(evs, e.TaskQueued), first(evs, ENDS)
+        assert queued is not None and ended is not None, story(small, tid)
+        spans.append((queued.event_ms, ended.event_ms, 1.0))
+    assert 3 <= most_at_once(spans) <= K  # busy, and never beyond K
+    spec = {ids[t["name"]]: t for t in flood}
+
+    def rank(tid: str) -> tuple[int, int]:
+        ready = first(log[tid], e.TaskReady)
+        assert ready is not None
+        return ((ready.event_ms + 1000 * spec[tid]["delay_tolerance_s"]) // 1000, -spec[tid]["priority"])
+
+    by_rank = sorted(spec, key=rank)
+    queued_at = [first(log[t], e.TaskQueued).event_ms for t in by_rank]  # type: ignore[union-attr]
+    late = [(by_rank[i], by_rank[i + 1]) for i in range(len(by_rank) - 1)
+            if rank(by_rank[i]) < rank(by_rank[i + 1]) and queued_at[i] > queued_at[i + 1]]  # fmt: skip
+    assert not late, [(spec[a]["name"], rank(a), spec[b]["name"], rank(b)) for a, b in late]
+
+
+def test_a_waiting_task_reprioritized_goes_first_and_one_cancelled_is_never_queued(small: Stack) -> None:
+    """Reprioritizing or cancelling a task still in the database costs one row: the next promotion takes
+    the reprioritized one before every other task of its deadline, and the cancelled one never reaches
+    the queue (nothing depended on it; dependents of a cancelled task end cancelled, test_dispatch)."""
+    busy(small, 3.0)
+    sid, ids = submit(small, [{"name": f"w{i}", "call": "os:getpid"} for i in range(30)])
+    wait_until(lambda: list(statuses(small, ids.values()).values()).count("READY") == 30, 30, "all 30 waiting")
+    with Client(small.settings) as client:
+        client.reprioritize(ids["w29"], 100)
+        client.cancel(ids["w28"], "not needed after all")
+    wait_until(lambda: statuses(small, [ids["w28"]])[ids["w28"]] == "CANCELLED", 30, "w28 cancelled")
+    others = [t for n, t in ids.items() if n != "w28"]
+    wait_until(lambda: set(statuses(small, others).values()) == {"SUCCEEDED"}, 120, "the other 29 to succeed")
+    log = history(small, set(ids.values()))
+    assert first(log[ids["w28"]], e.TaskQueued) is None, story(small, ids["w28"])
+    top = log[ids["w29"]]
+    second = first(top, e.TaskReady).event_ms // 1000  # type: ignore[union-attr]
+    peers = [t for n, t in ids.items() if n not in ("w28", "w29")
+             and first(log[t], e.TaskReady).event_ms // 1000 == second]  # type: ignore[union-attr]  # fmt: skip
+    mine = first(top, e.TaskQueued).event_ms  # type: ignore[union-attr]
+    assert peers and all(mine <= first(log[t], e.TaskQueued).event_ms for t in peers)  # type: ignore[union-attr]
+
+
+def test_no_worker_runs_more_than_its_cpus_and_a_task_none_fits_waits(small: Stack) -> None:
+    """Tasks of mixed sizes on a worker offering 2 cpus: from the log, the cpus of the tasks running at
+    any instant never add up to more than 2. A task needing 3 cpus is never promoted: it waits READY
+    and the batcher says why."""
+    sizes = [1.5, 1.0, 0.5, 0.5, 1.0, 1.5]
+    tasks = [{"name": f"m{i}", "call": "time:sleep", "args": [0.2], "resources": {"cpu": sizes[i % len(sizes)]}}
+             for i in range(24)]  # fmt: skip
+    sid, ids = submit(small, tasks)
+    _, big = submit(small, [{"name": "big", "call": "os:getpid", "resources": {"cpu": 3}}])
+    wait_until(lambda: all_succeeded(small, sid, 24), 120, "the mixed tasks to succeed")
+    log = history(small, set(ids.values()))
+    cpu = {ids[t["name"]]: t["resources"]["cpu"] for t in tasks}
+    spans = []
+    for tid, evs in log.items():
+        started, ended = first(evs, e.TaskStarted), first(evs, e.TaskSucceeded)
+        assert started is not None and ended is not None, story(small, tid)
+        spans.append((started.event_ms, ended.event_ms, cpu[tid]))
+    assert 1.0 < most_at_once(spans) <= CPUS + 1e-9
+    assert statuses(small, big.values()) == {big["big"]: "READY"}
+    wait_until(lambda: f"task {big['big']} (tenant dispatch) needs 3 cpus" in small.logs(), 30, "the batcher's word")
+    with Client(small.settings) as client:
+        client.cancel(big["big"], "no worker fits it")
+    wait_until(lambda: statuses(small, big.values()) == {big["big"]: "CANCELLED"}, 30, "the big task cancelled")

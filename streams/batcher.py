@@ -117,7 +117,8 @@ class Batcher:
                 headroom[tenant] = max(0, cap - taken.get(tenant, 0) - in_flight.get(tenant, 0))
         rows = await (await conn.execute(CANDIDATES, (list(self.promoted), k))).fetchall()
         candidates = [Candidate(*row) for row in rows]
-        chosen, too_big = plan(candidates, k, headroom, weights, offers)
+        holding = {t: taken.get(t, 0) + in_flight.get(t, 0) for t in {*taken, *in_flight}}
+        chosen, too_big = plan(candidates, k, headroom, weights, offers, holding)
         self._report_too_big(too_big, offers)
         log.debug("batcher: %d of %d candidates chosen (K %d)", len(chosen), len(candidates), k)
         return chosen

@@ -5,9 +5,10 @@ can take (each worker's slots and claim_ahead, plus `batch_ahead` so it never wa
 what is already queued, claimed or running. Candidates come in rank order (deadline = ready time +
 delay tolerance, then priority, highest first). K is shared among the tenants with candidates by
 weight (weighted fair queuing: the next place goes to the tenant with the fewest places per unit of
-weight so far), never beyond a tenant's cap on tasks queued, claimed or running at once; a tenant that
-cannot use its share leaves it to the others. Within a tenant, rank order. A task that fits no live
-worker (cpu, memory, gpu) is not promoted: it would only wait in the queue.
+weight, counting what it already holds), never beyond a tenant's cap on tasks queued, claimed or
+running at once; a tenant that cannot use its share leaves it to the others. Within a tenant, rank
+order. A task that fits no live worker (cpu, memory, gpu) is not promoted: it would only wait in the
+queue.
 
 No I/O and no clock: streams/batcher.py reads the read model and sends the promotions.
 """
@@ -55,10 +56,13 @@ def plan(
     headroom: Mapping[str, int | None],
     weights: Mapping[str, float],
     offers: Sequence[Offer],
+    holding: Mapping[str, int] | None = None,
 ) -> tuple[list[Candidate], list[Candidate]]:
     """(the candidates to promote, in rank order; those that fit no live worker). `headroom`: per tenant,
     how many more it may have queued, claimed or running (None or absent: no cap); `weights`: its
-    share of K relative to the others (absent: 1)."""
+    share relative to the others (absent: 1); `holding`: what each already has queued, claimed or
+    running, which counts towards its share (so the share is of the whole working set, and a round
+    with room for one task gives it to the tenant furthest below its share, not to the first in rank)."""
     too_big = [c for c in candidates if not any(c.fits(o) for o in offers)]
     big = {c.task_id for c in too_big}
     queues: dict[str, list[int]] = {}  # tenant -> ranks of its candidates, in order
@@ -66,13 +70,15 @@ def plan(
         if c.task_id not in big:
             queues.setdefault(c.tenant, []).append(rank)
     taken: dict[str, int] = {}
+    held = holding or {}
     heap: list[tuple[float, int, str]] = []  # (places per weight after one more, next rank, tenant)
 
     def push(tenant: str) -> None:
         n = taken.get(tenant, 0)
         cap = headroom.get(tenant)
         if n < len(queues[tenant]) and (cap is None or n < cap):
-            heapq.heappush(heap, ((n + 1) / max(weights.get(tenant, 1.0), 1e-9), queues[tenant][n], tenant))
+            share = (held.get(tenant, 0) + n + 1) / max(weights.get(tenant, 1.0), 1e-9)
+            heapq.heappush(heap, (share, queues[tenant][n], tenant))
 
     for tenant in queues:
         push(tenant)

@@ -53,8 +53,20 @@ class Schedule:
         return f"{SCHEDULE_KEY}{self.tenant}/{self.name}"
 
 
+@dataclass(frozen=True, slots=True)
+class SetTenant:
+    """Create or change a tenant (taskstream/core/tenants.py): its tier, and a cap or weight other than
+    the tier's (None: the tier's; no_cap: no cap whatever the tier's)."""
+
+    tenant: str
+    tier: str
+    max_running: int | None = None
+    no_cap: bool = False
+    weight: float | None = None
+
+
 SCHEDULE_KEY = "schedule:"  # the task-inputs keys of schedules start with this; task ids never do
-CommandBody = SubmitDag | CancelTaskRequest | ReprioritizeTaskRequest | Schedule
+CommandBody = SubmitDag | CancelTaskRequest | ReprioritizeTaskRequest | Schedule | SetTenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +146,18 @@ class TaskEvents:
     events: tuple[PackedEvent, ...]
 
 
-Payload = ev.Event | SubmissionAccepted | SubmissionRejected | TasksAdmitted | TaskEvents
+@dataclass(frozen=True, slots=True)
+class TenantSet:
+    """A tenant as a SetTenant made it: its tier, cap (None: none) and weight, resolved."""
+
+    tenant: str
+    tier: str
+    max_running: int | None
+    weight: float
+
+
+TENANT_KEY = "tenant:"  # the events key of a tenant's TenantSet records (one partition per tenant)
+Payload = ev.Event | SubmissionAccepted | SubmissionRejected | TasksAdmitted | TaskEvents | TenantSet
 PACKED_KINDS = frozenset({"TasksAdmitted", "TaskEvents"})  # payloads that stand for several tasks' events
 
 
@@ -340,12 +363,14 @@ COMMAND_BODIES: dict[str, type] = {
     NS + "CancelTask": CancelTaskRequest,
     NS + "ReprioritizeTask": ReprioritizeTaskRequest,
     NS + "Schedule": Schedule,
+    NS + "SetTenant": SetTenant,
 }
 EVENT_PAYLOADS: dict[str, type] = {NS + cls.__name__: cls for cls in ev.EVENT_TYPES} | {
     NS + "SubmissionAccepted": SubmissionAccepted,
     NS + "SubmissionRejected": SubmissionRejected,
     NS + "TasksAdmitted": TasksAdmitted,
     NS + "TaskEvents": TaskEvents,
+    NS + "TenantSet": TenantSet,
 }
 INPUT_BODIES: dict[str, type] = {
     NS + cls.__name__: cls

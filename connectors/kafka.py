@@ -50,6 +50,9 @@ TOPICS: tuple[TopicPlan, ...] = (
     TopicPlan("admission-members", None, {"cleanup.policy": "delete", "retention.ms": "3600000"}, partitions=1),
     # What each scheduler worker offers (streams/batcher.py), JSON, every heartbeat_ms: read by the
     # batcher, kept an hour. Not task history, so not on the events topic.
+    # Every tenant set (streams/admitter.py's TenantBook), JSON, keyed by tenant: written in the admission
+    # transaction that accepted it, read whole by every admission worker.
+    TopicPlan("tenants", None, {"cleanup.policy": "compact", "retention.ms": "-1"}, partitions=1),
     TopicPlan("workers", None, {"cleanup.policy": "delete", "retention.ms": "3600000"}, partitions=1),
 )
 ADMISSION_GROUP_SUFFIX = "admission"  # consumer group (offsets only) of the admission workers

@@ -40,6 +40,7 @@ from taskstream.core.submission import (
     submission_id_for,
     task_ids,
 )
+from taskstream.core.tenants import TenantTerms, resolve, unknown
 
 Send = tuple[str, str, Any]  # (topic key: "events" | "task-inputs", record key, record)
 CHUNK_TASKS = 500  # tasks per TasksAdmitted record (the admitter splits further if one is too big)
@@ -98,6 +99,7 @@ class Decision:
     sends: list[Send]  # the decision's own records (SubmissionAccepted, a rejection, a cancel request...)
     accepted: bool = False
     link_entry: dict[str, Any] | None = None  # to record in the index (and its topic) once committed
+    tenant: TenantTerms | None = None  # a tenant set: to record in the tenants topic with the decision
     forward_to: int | None = None  # decide on this partition instead (a linked submission's tenant's)
     admitted: Admitted | None = None  # an accepted submission's tasks, to write with or after `sends`
 
@@ -111,6 +113,7 @@ class Placement:
     partition: int
     tenant_partition: Callable[[str], int]
     task_partition: Callable[[str], int]
+    tenant_known: Callable[[str], bool] = lambda tenant: True  # TASKSTREAM_TENANTS=open: every tenant
 
 
 def decide_command(node: str, cmd: r.CommandRecord, at_ms: int, *, where: Placement, index: LinkIndex) -> Decision:
@@ -125,11 +128,42 @@ def decide_command(node: str, cmd: r.CommandRecord, at_ms: int, *, where: Placem
         req = r.ReprioritizeRequest(body.priority)
         return Decision([_input(node, body.task_id, at_ms, req, f"{cmd.command_id}:reprioritize")])
     if isinstance(body, r.Schedule):
-        return decide_schedule(node, cmd, body, at_ms)
+        return decide_schedule(node, cmd, body, at_ms, where.tenant_known)
+    if isinstance(body, r.SetTenant):
+        return decide_tenant(node, cmd, body, at_ms)
     raise TypeError(f"no admission rule for {type(body).__name__}")  # the codec only yields known bodies
 
 
-def decide_schedule(node: str, cmd: r.CommandRecord, body: r.Schedule, at_ms: int) -> Decision:
+def decide_tenant(node: str, cmd: r.CommandRecord, body: r.SetTenant, at_ms: int) -> Decision:
+    """Creating or changing a tenant is decided like a submission without tasks (the SDK waits for it the
+    same way); accepted, a TenantSet event (keyed by the tenant, so its changes stay in order) and an
+    entry in the tenants topic, which every admission worker reads (`Decision.tenant`)."""
+    sid = submission_id_for(body.tenant, None, cmd.command_id)
+    terms, problems = resolve(body.tenant, body.tier, body.max_running, body.no_cap, body.weight)
+    if terms is None:
+        found = tuple(r.FieldProblem(None, f, why) for f, why in problems)
+        rejected = r.SubmissionRejected(tenant=body.tenant, command_id=cmd.command_id, errors=found)
+        return Decision([("events", sid, _event(node, None, sid, 0, at_ms, rejected, event_id=f"{sid}:rejected"))])
+    accepted = r.SubmissionAccepted(tenant=body.tenant, idempotency_key=None, command_id=cmd.command_id, task_ids={})
+    key = r.TENANT_KEY + body.tenant
+    tenant_set = r.TenantSet(terms.tenant, terms.tier, terms.max_running, terms.weight)
+    return Decision(
+        [
+            ("events", sid, _event(node, None, sid, 0, at_ms, accepted, event_id=f"{sid}:accepted")),
+            ("events", key, _event(node, None, sid, 0, at_ms, tenant_set, event_id=f"{sid}:tenant")),
+        ],
+        accepted=True,
+        tenant=terms,
+    )
+
+
+def _unknown_tenants(tenants: list[str], known: Callable[[str], bool]) -> list[r.FieldProblem]:
+    return [r.FieldProblem(None, "tenant", unknown(t)) for t in dict.fromkeys(tenants) if not known(t)]
+
+
+def decide_schedule(
+    node: str, cmd: r.CommandRecord, body: r.Schedule, at_ms: int, known: Callable[[str], bool] = lambda t: True
+) -> Decision:
     """Setting a schedule is decided like a submission that has no tasks yet: the same outcome events
     under a submission id of its command (so the SDK waits for it the same way), the DAG checked as a
     submission would be; accepted, it goes on to the schedule's owner (its key's task-inputs partition).
@@ -141,6 +175,8 @@ def decide_schedule(node: str, cmd: r.CommandRecord, body: r.Schedule, at_ms: in
     if body.enabled:
         sub = Submission(tenant=body.tenant, tasks=body.tasks, labels=body.labels)
         found += [r.FieldProblem(e.task, e.field, e.reason) for e in check_submission(sub)]
+        if not found:
+            found += _unknown_tenants([body.tenant, *(s.tenant for s in body.tasks)], known)
     if found:
         rejected = r.SubmissionRejected(tenant=body.tenant, command_id=cmd.command_id, errors=tuple(found))
         return Decision([("events", sid, _event(node, None, sid, 0, at_ms, rejected, event_id=f"{sid}:rejected"))])
@@ -162,6 +198,9 @@ def decide_submission(
     errors = check_submission(sub)
     if errors:
         return _rejected(node, cmd, body, sid, at_ms, [r.FieldProblem(x.task, x.field, x.reason) for x in errors])
+    strangers = _unknown_tenants([body.tenant, *(s.tenant for s in body.tasks)], where.tenant_known)
+    if strangers:
+        return _rejected(node, cmd, body, sid, at_ms, strangers)
     linked = external_dependencies(sub)
     if linked:
         home = where.tenant_partition(body.tenant)

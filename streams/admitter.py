@@ -37,6 +37,7 @@ from taskstream.schemas.records import EventRecord, TasksAdmitted
 from taskstream.streams.admission import Admitted, Decision, LinkIndex, Placement, Send, carry_out, decide_command
 from taskstream.streams.context import EVENT_HEADER
 
+from taskstream.core.tenants import TenantTerms
 from taskstream.settings import Settings
 
 log = logging.getLogger("taskstream.admission")
@@ -102,6 +103,48 @@ class Stats:
     takeovers: list[dict[str, Any]] = field(default_factory=list)
 
 
+class TenantBook:
+    """Every tenant set (`taskstream tenants set`), as the tenants topic has it: one partition, compacted,
+    written in the admission transaction that accepted the SetTenant, read committed. A tenant not
+    known yet makes it read on to the topic's end before it says no, so a tenant set (its decision
+    published) before a submission was sent is always known to whichever worker decides it. A tenant
+    set in the batch being decided counts from the next command on (`pending`)."""
+
+    def __init__(self, settings: Settings, group: str) -> None:
+        self.topic = settings.topic("tenants")
+        self.reader = kafka.consumer(settings, f"{group}-tenants-{os.getpid()}")
+        self.terms: dict[str, dict[str, Any]] = {}
+        self.pending: dict[str, dict[str, Any]] = {}
+        self.next = 0
+
+    def known(self, tenant: str) -> bool:
+        if tenant in self.pending or tenant in self.terms:
+            return True
+        self.catch_up()
+        return tenant in self.terms
+
+    def catch_up(self) -> None:
+        for m in read_to_end(self.reader, self.topic, {0: self.next}, timeout=30):
+            self.next = m.offset() + 1
+            try:
+                entry = json.loads(m.value() or b"{}")
+                self.terms[entry["tenant"]] = entry
+            except (ValueError, KeyError, TypeError):
+                log.warning("tenants topic: record at offset %d is not a tenant's terms; skipped", m.offset())
+
+    def set(self, terms: TenantTerms) -> bytes:
+        entry = {"tenant": terms.tenant, "tier": terms.tier, "max_running": terms.max_running, "weight": terms.weight}
+        self.pending[terms.tenant] = entry
+        return json.dumps(entry, sort_keys=True).encode()
+
+    def committed(self) -> None:
+        self.terms.update(self.pending)
+        self.pending.clear()
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 class Admitter:
     def __init__(self, settings: Settings, index: int = 0, codec: Codec | None = None) -> None:
         s = self.s = settings
@@ -113,9 +156,11 @@ class Admitter:
         self.codec = codec or kafka.make_codec(s)
         self.commands = s.topic("commands")
         self.links_topic = s.topic("admission-links")
+        self.tenants_topic = s.topic("tenants")
         self.topic_names = {k: s.topic(k) for k in ("events", "task-inputs", "dead-letters")}
         self.group = f"{s.topic_prefix}-{kafka.ADMISSION_GROUP_SUFFIX}"
         self.owned: dict[int, Owned] = {}
+        self.tenants = TenantBook(s, self.group)  # consulted when TASKSTREAM_TENANTS=closed
         self.txn_ids: dict[int, str] = {}  # partition -> transactional id this member writes it with
         self.in_flight: InFlight | None = None
         self.stats = Stats()
@@ -253,6 +298,7 @@ class Admitter:
         self.ownership.close()
         for p in list(self.owned):
             self.release(p, "shutting down")
+        self.tenants.close()
 
     # -- one transaction ------------------------------------------------------------------------
     def admit_batch(self, owned: Owned, batch: list[Message]) -> None:
@@ -288,6 +334,7 @@ class Admitter:
                 decided = _decided_after(owned.decided, _offset(batch[-1]), [o for o, _ in admitted])
                 prod.produce(self.links_topic, key=DECIDED_KEY, value=decided.to_json(), partition=p)
                 self._commit(prod)
+                self.tenants.committed()
                 owned.decided = decided
                 self._tally(counts)
                 counts = Stats()
@@ -303,6 +350,7 @@ class Admitter:
             offsets = [TopicPartition(self.commands, p, _offset(batch[-1]) + 1)]
             prod.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
             self._commit(prod)
+            self.tenants.committed()
             t3 = time.monotonic()
             if t3 - t0 > 0.0:
                 split = "" if t_decided is None else f", decisions committed after {t_decided - t0:.2f}s"
@@ -347,6 +395,7 @@ class Admitter:
                 raise
 
     def _failed(self, owned: Owned, batch: list[Message], exc: KafkaException) -> None:
+        self.tenants.pending.clear()
         err = exc.args[0]
         p = owned.partition
         if err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
@@ -361,6 +410,7 @@ class Admitter:
         """Abort the open transaction and read the batch again from its first command."""
         p = owned.partition
         log.warning("commands partition %d: %s; aborting and retrying the batch", p, why)
+        self.tenants.pending.clear()  # tenants set by the aborted transaction are set again, or not
         try:
             owned.producer.abort_transaction(TXN_TIMEOUT_S)
         except KafkaException as abort_exc:
@@ -392,6 +442,8 @@ class Admitter:
         at_ms = msg.timestamp()[1]  # log time: the same on every reprocessing
         try:
             where = Placement(p, self.tenant_partition, self.task_partition)
+            if self.s.tenants == "closed":
+                where = replace(where, tenant_known=self.tenants.known)
             decision = decide_command(self.member, cmd, at_ms, where=where, index=owned.index)
         except Exception as exc:  # a bug on this record must not stall the partition: dead-letter it
             log.exception("admission failed on %s[%d]@%d", msg.topic(), p, msg.offset())
@@ -413,6 +465,9 @@ class Admitter:
                 partition=p,
             )
             owned.index.add(entry)  # visible to the rest of this batch; reloaded if the batch aborts
+        if decision.tenant is not None:
+            value = self.tenants.set(decision.tenant)
+            prod.produce(self.tenants_topic, key=decision.tenant.tenant.encode(), value=value, partition=0)
         return decision.admitted
 
     def _carry_out(self, owned: Owned, msg: Message) -> Admitted | None:

@@ -77,6 +77,9 @@ class Settings:
     batch_ahead: int = 64
     # A round runs when the read model says something changed, and at least this often.
     batcher_interval_ms: int = 1_000
+    # Tenants (taskstream/core/tenants.py): "open" takes a submission's tenant as it comes (at the
+    # standard tier unless `taskstream tenants set` said otherwise); "closed" rejects a tenant never set.
+    tenants: str = "open"
     output_tail_bytes: int = 4096
     # Leases (the seed's visibility timeout): a claim is the worker's for lease_ms after its last
     # heartbeat (sent every heartbeat_ms while it holds the claim); the owner expires it lease_grace_ms
@@ -204,6 +207,8 @@ class Settings:
             raise SettingsError(
                 f"TASKSTREAM_GRAPH_BACKEND={s.graph_backend!r}: expected 'neo4j' or 'ladybug' (or unset, to choose)"
             )
+        if s.tenants not in ("open", "closed"):
+            raise SettingsError(f"TASKSTREAM_TENANTS={s.tenants!r}: expected 'open' or 'closed'")
         for problem in _timing_problems(s):
             raise SettingsError(problem)
         return replace(s, state_dir=s.state_dir.resolve())

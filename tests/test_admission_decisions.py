@@ -219,3 +219,50 @@ def test_a_schedule_is_accepted_and_sent_to_its_owner_or_rejected_with_each_prob
     # stopping one needs no tasks
     stop = r.CommandRecord("cmd-t", 1, r.Schedule("acme", "nightly", "* * * * *", "UTC", False))
     assert decide(stop, LinkIndex()).accepted
+
+
+def set_tenant(body: r.SetTenant):  # type: ignore[no-untyped-def]
+    return decide(r.CommandRecord("cmd-tenant", 1, body, "test"), LinkIndex())
+
+
+def test_setting_a_tenant_resolves_its_tier_and_writes_its_terms_under_the_tenants_key() -> None:
+    d = set_tenant(r.SetTenant("acme", "free"))
+    assert d.accepted and d.tenant is not None
+    assert (d.tenant.max_running, d.tenant.weight) == (10, 1.0)  # the free tier's
+    kinds = [(key, type(rec.payload).__name__) for _, key, rec in d.sends]
+    assert kinds[1] == (r.TENANT_KEY + "acme", "TenantSet")  # one partition per tenant: changes stay in order
+    assert d.sends[1][2].payload == r.TenantSet("acme", "free", 10, 1.0)
+    own = set_tenant(r.SetTenant("acme", "premium", max_running=3, weight=0.5)).tenant
+    assert own is not None and (own.tier, own.max_running, own.weight) == ("premium", 3, 0.5)
+    free_no_cap = set_tenant(r.SetTenant("acme", "free", no_cap=True)).tenant
+    assert free_no_cap is not None and free_no_cap.max_running is None
+
+
+def test_a_tenant_set_wrongly_is_rejected_with_every_field_named() -> None:
+    d = set_tenant(r.SetTenant("no spaces", "gold", max_running=-1, weight=float("inf")))
+    assert not d.accepted and d.tenant is None
+    (rejected,) = [rec.payload for _, _, rec in d.sends]
+    assert isinstance(rejected, r.SubmissionRejected)
+    fields = {p.field: p.reason for p in rejected.errors}
+    assert set(fields) == {"tenant", "tier", "max_running", "weight"}
+    assert "free, standard, premium" in fields["tier"] and "'gold'" in fields["tier"]
+    both = set_tenant(r.SetTenant("acme", "free", max_running=2, no_cap=True))
+    assert not both.accepted
+
+
+def test_under_closed_tenants_a_submission_or_schedule_of_an_unknown_tenant_is_rejected_with_the_fix() -> None:
+    known = {"acme"}.__contains__
+    where = Placement(0, lambda _t: 0, by_id, tenant_known=known)
+    ok = decide_command("node", command("k1", [{"name": "a", "argv": ["x"]}]), 1000, where=where, index=LinkIndex())
+    assert ok.accepted
+    cmd = command("k2", [{"name": "a", "argv": ["x"]}], tenant="stranger")
+    d = decide_command("node", cmd, 1000, where=where, index=LinkIndex())
+    assert not d.accepted and d.admitted is None
+    (rejected,) = [rec.payload for _, _, rec in d.sends]
+    (problem,) = rejected.errors
+    assert problem.field == "tenant" and "'stranger' does not exist" in problem.reason
+    assert "taskstream tenants set stranger" in problem.reason
+    tasks = parse_document({"tenant": "stranger", "tasks": [{"name": "t", "argv": ["x"]}]}).tasks
+    sched = r.Schedule("stranger", "nightly", "0 3 * * *", tasks=tasks)
+    d = decide_command("node", r.CommandRecord("cmd-s", 1, sched, "t"), 1000, where=where, index=LinkIndex())
+    assert not d.accepted and "does not exist" in d.sends[0][2].payload.errors[0].reason

@@ -129,6 +129,7 @@ PAYLOADS = st.one_of(
         text,
         st.lists(st.builds(r.FieldProblem, st.none() | text, text, text), max_size=3).map(tuple),
     ),
+    st.builds(r.TenantSet, text, text, st.none() | st.integers(0, 2**31 - 1), st.floats(0.001, 1000)),
 )
 
 
@@ -148,9 +149,32 @@ def test_commands_round_trip(spec: r.TaskSpec) -> None:
         r.SubmitDag("acme", (spec,), "key", {"a": "b"}),
         r.CancelTaskRequest("t", "why"),
         r.ReprioritizeTaskRequest("t", 4),
+        r.SetTenant("acme", "free"),
+        r.SetTenant("acme", "premium", 7, False, 2.5),
     ):
         cmd = r.CommandRecord("c", 1, body, "me")  # type: ignore[arg-type]
         assert codec.decode("command", codec.encode(cmd)) == cmd
+
+
+def test_setting_tenants_is_a_compatible_change_of_the_command_and_event_schemas(
+    registry: SchemaRegistryClient,
+) -> None:
+    """SetTenant (commands) and TenantSet (events) were added as their unions' last branches: the
+    registry takes each schema after the one without it (BACKWARD), and earlier branches keep their
+    indexes."""
+    for env, subject, field_name, branch in (
+        ("command", "p.commands-value", "body", "io.taskstream.SetTenant"),
+        ("event", "p.events-value", "payload", "io.taskstream.TenantSet"),
+    ):
+        new = json.loads(schema_text(env))
+        old = json.loads(json.dumps(new))
+        union = next(f for f in old["fields"] if f["name"] == field_name)
+        last = union["type"][-1]
+        assert last["name"] == branch
+        union["type"] = union["type"][:-1]
+        for version in (old, new):
+            registry.register_schema(subject, Schema(json.dumps(version), "AVRO"))
+        assert registry.get_latest_version(subject).version == 2
 
 
 def test_the_queue_record_standing_for_several_tasks_is_a_compatible_change_and_old_records_read_alone(

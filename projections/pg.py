@@ -74,6 +74,18 @@ TENANT_SEEN = (
     "DO UPDATE SET first_seen = least(tenants.first_seen, EXCLUDED.first_seen), "
     "last_submission = greatest(tenants.last_submission, EXCLUDED.last_submission)"
 )
+# A tenant's latest terms win (its TenantSet events are all in one partition, in order).
+TENANT_SET = (
+    "INSERT INTO tenants (tenant, subscription, max_running, weight, set_at, first_seen, last_submission) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (tenant) DO UPDATE SET "
+    "first_seen = least(tenants.first_seen, EXCLUDED.first_seen), "
+    "last_submission = greatest(tenants.last_submission, EXCLUDED.last_submission), "  # order-independent
+    + ", ".join(
+        f"{c} = CASE WHEN tenants.set_at IS NULL OR EXCLUDED.set_at >= tenants.set_at THEN EXCLUDED.{c} "
+        f"ELSE tenants.{c} END"
+        for c in ("subscription", "max_running", "weight", "set_at")
+    )
+)
 # Order-independent (least/greatest), so a replay interleaving partitions differently gives the same row.
 WORKER_SEEN = (
     "INSERT INTO workers (worker_id, first_seen, last_seen) VALUES (%s, %s, %s) ON CONFLICT (worker_id) "
@@ -156,6 +168,8 @@ class PgProjection:
                 cur.execute(MERGE_ATTEMPT_PATCHES.encode())
             if w.tenants:
                 cur.executemany(TENANT_SEEN, [(t, a, b) for t, (a, b) in w.tenants.items()])
+            if w.tenant_sets:
+                cur.executemany(TENANT_SET, list(w.tenant_sets.values()))
             if w.workers:
                 cur.executemany(WORKER_SEEN, [(t, a, b) for t, (a, b) in w.workers.items()])
             if w.batcher_news:

@@ -55,6 +55,7 @@ class PgWrites:
     attempt_patches: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     tenants: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
     workers: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
+    tenant_sets: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # tenant -> its latest TenantSet row
     # whether anything the batcher counts changed: a task became ready, was queued, ended or left its worker
     batcher_news: bool = False
 
@@ -199,6 +200,10 @@ def fold(records: Iterable[r.EventRecord]) -> PgWrites:
             w.submissions.append(
                 (rec.submission_id, p.tenant, None, p.command_id, "REJECTED", "{}", json.dumps(errs), at)
             )
+            continue
+        if isinstance(p, r.TenantSet):
+            w.tenant_sets[p.tenant] = (p.tenant, p.tier, p.max_running, p.weight, at, at, at)
+            w.batcher_news = True
             continue
         if isinstance(p, r.TasksAdmitted):  # each task's TaskSubmitted + TaskAdmitted: one new row each
             assert at is not None

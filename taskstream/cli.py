@@ -33,6 +33,11 @@ dlq_app = typer.Typer(
     no_args_is_help=True, help="Dead letters: tasks whose retries ran out, and records nobody could decode."
 )
 app.add_typer(dlq_app, name="dlq")
+tenants_app = typer.Typer(
+    invoke_without_command=True,
+    help="Tenants: each with its tier, cap and weight (`tenants` lists them; `tenants set` creates or changes one).",
+)
+app.add_typer(tenants_app, name="tenants")
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON")]
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -638,15 +643,18 @@ def _send_schedule(sched: Any, timeout: float) -> None:
 # ---- tenants -----------------------------------------------------------------------------------------
 
 
-@app.command()
-def tenants(as_json: JsonOpt = False) -> None:
-    """Every tenant the read model has seen: its subscription and cap (no cap is enforced yet), its
-    tasks by state now, and when it first and last submitted."""
+@tenants_app.callback()
+def tenants(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Every tenant the read model has seen: its tier, cap on tasks queued, claimed or running at once,
+    and share weight (what the batcher enforces), its tasks by state now, and when it was last seen."""
+    if ctx.invoked_subcommand is not None:
+        return
     s = settings()
     with _read_model(s) as conn:
         rows = conn.execute(
             """
-            SELECT n.tenant, n.subscription, n.max_running, n.first_seen, n.last_submission,
+            SELECT n.tenant, n.subscription, n.max_running, n.weight, n.set_at IS NOT NULL, n.first_seen,
+                   n.last_submission,
                    count(*) FILTER (WHERE t.status IN ('SUBMITTED', 'WAITING', 'READY', 'RETRY_WAIT')),
                    count(*) FILTER (WHERE t.status = 'QUEUED'),
                    count(*) FILTER (WHERE t.status IN ('CLAIMED', 'RUNNING')),
@@ -656,20 +664,47 @@ def tenants(as_json: JsonOpt = False) -> None:
             GROUP BY n.tenant ORDER BY n.tenant
             """
         ).fetchall()
-    keys = ("tenant", "subscription", "max_running", "first_seen", "last_submission", "waiting", "queued",
+    keys = ("tenant", "tier", "max_running", "weight", "set", "first_seen", "last_seen", "waiting", "queued",
             "running", "succeeded", "ended_otherwise")  # fmt: skip
     found = [dict(zip(keys, row, strict=True)) for row in rows]
     if as_json:
         print(json.dumps(found, default=str))
         return
     t = Table(title="tenants")
-    for col in ("tenant", "subscription", "cap", "waiting", "queued", "running", "succeeded", "other end", "last"):
-        t.add_column(col, justify="left" if col in ("tenant", "subscription", "last") else "right")
+    cols = ("tenant", "tier", "cap", "weight", "waiting", "queued", "running", "succeeded", "other end", "last seen")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("tenant", "tier", "last seen") else "right")
     for x in found:
         cap = "-" if x["max_running"] is None else str(x["max_running"])
+        tier = lit(x["tier"]) if x["set"] else f"{lit(x['tier'])} (never set)"
         counts = (str(x[k]) for k in ("waiting", "queued", "running", "succeeded", "ended_otherwise"))
-        t.add_row(lit(x["tenant"]), lit(x["subscription"]), cap, *counts, str(x["last_submission"]))
+        t.add_row(lit(x["tenant"]), tier, cap, f"{x['weight']:g}", *counts, str(x["last_seen"]))
     console.print(t)
+
+
+@tenants_app.command("set")
+def tenants_set(
+    tenant: Annotated[str, typer.Argument(help="the tenant's name")],
+    tier: Annotated[str, typer.Option(help="free (cap 10, weight 1), standard (no cap, 1) or premium (no cap, 4)")],
+    max_running: Annotated[
+        int | None, typer.Option(help="most tasks queued, claimed or running at once (default: the tier's)")
+    ] = None,
+    no_cap: Annotated[bool, typer.Option("--no-cap", help="no cap at all, whatever the tier's")] = False,
+    weight: Annotated[
+        float | None, typer.Option(help="share of capacity against others' (default: the tier's)")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the decision")] = 60,
+) -> None:
+    """Create a tenant or change it. Under TASKSTREAM_TENANTS=closed only tenants set here are admitted.
+    Exit status: 0 set, 1 rejected."""
+
+    def send(client: Any) -> tuple[str, str]:
+        return client.set_tenant(tenant, tier, max_running=max_running, no_cap=no_cap, weight=weight)  # type: ignore[no-any-return]
+
+    _sid, outcome = _decided(settings(), send, timeout)
+    if not outcome.accepted:
+        _refused(f"tenant {lit(tenant)}", outcome.errors, "the tenant")
+    console.print(f"[green]tenant set[/] {lit(tenant)}: tier {lit(tier)}")
 
 
 # ---- queues ------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from taskstream.schemas.records import (
     CommandRecord,
     ReprioritizeTaskRequest,
     Schedule,
+    SetTenant,
     SubmissionAccepted,
     SubmissionRejected,
     SubmitDag,
@@ -184,6 +185,23 @@ class Client:
         errors: list[Any] = []
         # keyed by tenant: every setting of one schedule is decided in the order it was sent
         self._produce(sched.tenant, sched, command_id, errors)
+        self._flush(errors)
+        return command_id, sid
+
+    def set_tenant(
+        self, tenant: str, tier: str, *, max_running: int | None = None, no_cap: bool = False,
+        weight: float | None = None,
+    ) -> tuple[str, str]:  # fmt: skip
+        """Create a tenant or change it (taskstream/core/tenants.py): its tier (free, standard, premium),
+        and a cap on its tasks queued, claimed or running at once (`max_running`, or `no_cap`) or a
+        share weight other than the tier's. Decided like a submission: `wait_outcome(submission id)`
+        says whether it was accepted, with the problems if not. Returns (command id, submission id)."""
+        command_id = str(uuid.uuid4())
+        sid = submission_id_for(tenant, None, command_id)
+        self._marks[command_id] = self._decisions_end(sid)
+        errors: list[Any] = []
+        body = SetTenant(tenant, tier, max_running, no_cap, weight)
+        self._produce(tenant, body, command_id, errors)  # keyed by tenant: its changes decided in order
         self._flush(errors)
         return command_id, sid
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -12,6 +15,7 @@ from taskstream.schemas import records as r
 
 from taskstream.core import events as e
 from taskstream.core.batcher import Candidate, Offer, plan, room
+from taskstream.core.submission import parse_document
 from taskstream.sdk import Client
 from tests.conftest import Stack, running, wait_until
 from tests.test_dispatch import all_succeeded, history, story, submit
@@ -51,6 +55,18 @@ def test_a_flooding_tenant_does_not_crowd_out_the_others_and_weights_set_the_sha
     chosen, _ = plan(flood + late, 40, {}, {"gold": 2.0}, [SMALL])
     count = {t: sum(1 for x in chosen if x.tenant == t) for t in ("flood", "gold", "std")}
     assert count == {"flood": 10, "gold": 20, "std": 10}  # 1 : 2 : 1
+
+
+def test_what_a_tenant_already_holds_counts_towards_its_share() -> None:
+    """Room for one: it goes to the tenant furthest below its share of the working set, not the first
+    in rank; with enough room the shares of the whole working set follow the weights."""
+    flood, other = cands("flood", 100), cands("other", 10)
+    chosen, _ = plan(flood + other, 1, {}, {}, [SMALL], holding={"flood": 5, "other": 1})
+    assert chosen == other[:1]
+    chosen, _ = plan(flood + other, 6, {}, {"other": 3.0}, [SMALL], holding={"flood": 6})
+    assert [x.tenant for x in chosen].count("other") == 6  # 6 : 6 (its weight 3 to flood's 1 asks for 18)
+    chosen, _ = plan(flood + other, 10, {}, {"other": 3.0}, [SMALL], holding={"flood": 2, "other": 2})
+    assert [x.tenant for x in chosen].count("other") == 9  # then 3 : 11 of 14, the nearest to 1 : 3
 
 
 def test_a_task_no_live_worker_fits_waits_and_smaller_ones_go_past_it() -> None:
@@ -94,7 +110,8 @@ def test_a_round_keeps_every_bound_and_leaves_no_room_unused_that_a_candidate_co
 
 
 # ---- on a real stack ---------------------------------------------------------------------------------
-# One worker with 2 slots, claim_ahead 1, 2 cpus, and a batcher keeping 2 more queued: K = 5.
+# One worker with 2 slots, claim_ahead 1, 2 cpus, and a batcher keeping 2 more queued: K = 5. Tenants
+# closed: only tenants set by command are admitted (`dispatch`, which test_dispatch.submit uses, is set).
 SLOTS, AHEAD, BATCH_AHEAD, CPUS = 2, 1, 2, 2.0
 K = SLOTS + AHEAD + BATCH_AHEAD
 
@@ -107,8 +124,10 @@ def small(tmp_path_factory: pytest.TempPathFactory, stack_kind: str) -> Iterator
         TASKSTREAM_CLAIM_AHEAD=str(AHEAD),
         TASKSTREAM_BATCH_AHEAD=str(BATCH_AHEAD),
         TASKSTREAM_WORKER_CPUS=str(CPUS),
+        TASKSTREAM_TENANTS="closed",
     )
     with running(s):
+        s.cli("tenants", "set", "dispatch", "--tier", "standard")
         yield s
 
 
@@ -226,3 +245,66 @@ def test_no_worker_runs_more_than_its_cpus_and_a_task_none_fits_waits(small: Sta
     with Client(small.settings) as client:
         client.cancel(big["big"], "no worker fits it")
     wait_until(lambda: statuses(small, big.values()) == {big["big"]: "CANCELLED"}, 30, "the big task cancelled")
+
+
+def tenant_rows(stack: Stack) -> dict[str, dict[str, Any]]:
+    return {x["tenant"]: x for x in json.loads(stack.cli("tenants", "--json").stdout)}
+
+
+def test_tenants_are_set_by_command_and_an_unknown_one_is_rejected_at_admission(small: Stack, tmp_path: Path) -> None:
+    """Under TASKSTREAM_TENANTS=closed a submission of a tenant never set is rejected with the command
+    that creates it; `tenants set` creates and changes one (tier, cap, weight), `tenants` lists it, and a
+    wrong tier or weight is refused naming the field."""
+    dag = tmp_path / "acme.yaml"
+    dag.write_text("tenant: acme\ntasks:\n  - {name: one, call: 'os:getpid'}\n")
+    refused = small.cli("submit", str(dag), check=False)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "tenant 'acme' does not exist here" in refused.stderr and "taskstream tenants set acme" in refused.stderr
+    small.cli("tenants", "set", "acme", "--tier", "free")
+    wait_until(lambda: "acme" in tenant_rows(small), 30, "acme in the read model")
+    acme = tenant_rows(small)["acme"]
+    assert (acme["tier"], acme["max_running"], acme["weight"], acme["set"]) == ("free", 10, 1.0, True)
+    small.cli("tenants", "set", "acme", "--tier", "premium", "--max-running", "3", "--weight", "2.5")
+    wait_until(lambda: tenant_rows(small)["acme"]["tier"] == "premium", 30, "acme changed")
+    acme = tenant_rows(small)["acme"]
+    assert (acme["max_running"], acme["weight"]) == (3, 2.5)
+    bad = small.cli("tenants", "set", "acme", "--tier", "gold", "--weight", "0", check=False)
+    assert bad.returncode == 1
+    assert "field 'tier'" in bad.stderr and "'gold'" in bad.stderr and "field 'weight'" in bad.stderr
+    assert tenant_rows(small)["acme"]["tier"] == "premium"  # a rejected change changes nothing
+    out = small.cli("submit", str(dag), "--follow", "--timeout", "60")
+    assert "succeeded" in out.stdout.lower()
+
+
+def test_a_flooding_tenant_leaves_the_others_their_weighted_share(small: Stack) -> None:
+    """One tenant floods first (its tasks rank first: earlier deadlines); two more then submit, one of
+    weight 2. While all three have tasks waiting, the tasks started are shared by weight, not all the
+    flooder's: K = 5 places split 1 : 2 : 1 the nearest way is 1 : 3 : 1 (0.2 : 0.6 : 0.2). Prints the
+    measured shares."""
+    small.cli("tenants", "set", "flood", "--tier", "standard")
+    small.cli("tenants", "set", "gold", "--tier", "standard", "--weight", "2")
+    small.cli("tenants", "set", "plain", "--tier", "standard")
+    task = {"call": "time:sleep", "args": [0.25], "resources": {"cpu": 0.5}}
+    ids: dict[str, str] = {}
+    with Client(small.settings) as client:
+        for tenant, n in (("flood", 60), ("gold", 24), ("plain", 24)):
+            doc = {"tenant": tenant, "tasks": [{"name": f"{tenant}{i}", **task} for i in range(n)]}
+            cid, sid = client.submit(parse_document(doc))
+            out = client.wait_outcome(sid, 60, command_id=cid)
+            assert out.accepted, out
+            ids.update({tid: tenant for tid in out.task_ids.values()})
+    wait_until(lambda: set(statuses(small, ids).values()) == {"SUCCEEDED"}, 180, "every task to succeed")
+    log = history(small, set(ids))
+    ready = {tid: first(evs, e.TaskReady).event_ms for tid, evs in log.items()}  # type: ignore[union-attr]
+    started = {tid: first(evs, e.TaskStarted).event_ms for tid, evs in log.items()}  # type: ignore[union-attr]
+    # the window: from when every tenant's tasks were all ready until one tenant had none left waiting
+    since = max(ready.values())
+    last_start = {t: max(started[x] for x in ids if ids[x] == t) for t in ("flood", "gold", "plain")}
+    until = min(last_start.values())
+    counts = {t: sum(1 for x in ids if ids[x] == t and since <= started[x] <= until) for t in last_start}
+    total = sum(counts.values())
+    shares = {t: round(n / total, 2) for t, n in counts.items()}
+    print(f"tasks started while all three waited ({total}): {counts}; shares {shares} (weights 1 : 2 : 1)")
+    assert total >= 20, counts
+    assert 0.4 <= shares["gold"] <= 0.7, shares
+    assert 0.1 <= shares["plain"] <= 0.35 and 0.1 <= shares["flood"] <= 0.35, shares

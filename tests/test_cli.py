@@ -454,6 +454,6 @@ def test_a_waiting_task_cancelled_never_runs_its_dependents_end_cancelled_and_te
         ).fetchone()
         assert ran == (0,)
     mine = [t for t in json.loads(stack.cli("tenants", "--json").stdout) if t["tenant"] == tenant]
-    assert len(mine) == 1 and mine[0]["subscription"] == "standard" and mine[0]["max_running"] is None
+    assert len(mine) == 1 and mine[0]["tier"] == "standard" and mine[0]["max_running"] is None
     assert [mine[0][k] for k in ("waiting", "queued", "running", "succeeded", "ended_otherwise")] == [0, 0, 0, 2, 2]
     assert tenant in stack.cli("tenants").stdout

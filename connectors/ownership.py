@@ -115,11 +115,15 @@ class StatusBeats:
         self.producer.flush(5)
 
 
-def latest_beats(settings: Settings, within_ms: int) -> dict[str, dict[str, Any]]:
-    """Each member's newest heartbeat among those of the last `within_ms` (by log time)."""
+def latest_beats(
+    settings: Settings, within_ms: int, topic_key: str = "admission-members", key: str = "member"
+) -> dict[str, dict[str, Any]]:
+    """Each member's newest heartbeat among those of the last `within_ms` (by log time), on a one-
+    partition JSON topic (the submitter cluster's, or the scheduler workers' adverts: `workers`, key
+    `worker`)."""
     from taskstream.connectors.reading import read_to_end
 
-    topic = settings.topic("admission-members")
+    topic = settings.topic(topic_key)
     reader = kafka.consumer(settings, f"{settings.topic_prefix}-beats-{os.getpid()}")
     newest: dict[str, dict[str, Any]] = {}
     try:
@@ -130,7 +134,7 @@ def latest_beats(settings: Settings, within_ms: int) -> dict[str, dict[str, Any]
         for m in read_to_end(reader, topic, {0: found}, timeout=10):
             try:
                 beat = json.loads(m.value() or b"{}")
-                newest[beat["member"]] = beat
+                newest[str(beat[key])] = beat
             except (ValueError, KeyError, TypeError):
                 continue
     finally:

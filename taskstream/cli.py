@@ -707,6 +707,47 @@ def tenants_set(
     console.print(f"[green]tenant set[/] {lit(tenant)}: tier {lit(tier)}")
 
 
+# ---- workers -----------------------------------------------------------------------------------------
+
+
+@app.command()
+def workers(
+    within: Annotated[float, typer.Option(min=1, help="seconds of advertisements to read")] = 60,
+    as_json: JsonOpt = False,
+) -> None:
+    """The scheduler workers heard from lately, as each last advertised itself (what the batcher
+    counts): slots, claim_ahead, cpus, memory, gpus, labels, claims held, and whether it is live (heard
+    within a lease, not stopping)."""
+    from taskstream.connectors.ownership import latest_beats
+
+    s = settings()
+    try:
+        beats = latest_beats(s, int(within * 1000), "workers", "worker")
+    except Exception as exc:  # broker down: say so in one line
+        fail(f"cannot read the workers' advertisements from Kafka: {exc}")
+    now = time.time() * 1000
+    found = []
+    for name, b in sorted(beats.items()):
+        silent = max(0.0, now - float(b.get("at_ms", 0)))
+        found.append({**b, "worker": name, "silent_ms": int(silent),
+                      "live": silent < s.lease_ms and not b.get("stopping")})  # fmt: skip
+    if as_json:
+        print(json.dumps(found))
+        return
+    t = Table(title="workers")
+    for col in ("worker", "live", "last heard", "slots", "ahead", "cpus", "memory", "gpus", "labels", "claims"):
+        t.add_column(col, justify="left" if col in ("worker", "live", "labels") else "right")
+    for w in found:
+        live = "[green]yes[/]" if w["live"] else ("[yellow]stopping[/]" if w.get("stopping") else "[red]no[/]")
+        labels = ",".join(f"{k}={v}" for k, v in sorted((w.get("labels") or {}).items())) or "-"
+        t.add_row(lit(w["worker"]), live, f"{w['silent_ms'] / 1000:.1f}s ago", str(w.get("slots")),
+                  str(w.get("claim_ahead")), f"{w.get('cpus', 0):g}", f"{w.get('memory_mb', 0)} MB",
+                  str(w.get("gpus")), lit(labels), str(w.get("claims")))  # fmt: skip
+    console.print(t)
+    if not found:
+        console.print(f"no worker advertised itself in the last {within:g}s")
+
+
 # ---- queues ------------------------------------------------------------------------------------------
 
 

@@ -125,6 +125,7 @@ def small(tmp_path_factory: pytest.TempPathFactory, stack_kind: str) -> Iterator
         TASKSTREAM_BATCH_AHEAD=str(BATCH_AHEAD),
         TASKSTREAM_WORKER_CPUS=str(CPUS),
         TASKSTREAM_TENANTS="closed",
+        TASKSTREAM_WORKER_LABELS="zone=[red]lab",  # markup in a label is printed as it is
     )
     with running(s):
         s.cli("tenants", "set", "dispatch", "--tier", "standard")
@@ -245,6 +246,18 @@ def test_no_worker_runs_more_than_its_cpus_and_a_task_none_fits_waits(small: Sta
     with Client(small.settings) as client:
         client.cancel(big["big"], "no worker fits it")
     wait_until(lambda: statuses(small, big.values()) == {big["big"]: "CANCELLED"}, 30, "the big task cancelled")
+
+
+def test_workers_lists_what_each_worker_advertises(small: Stack) -> None:
+    """`taskstream workers`: the stack's worker, live, with the slots, claim_ahead, cpus and labels it
+    was started with (what the batcher counts)."""
+    rows = wait_until(lambda: json.loads(small.cli("workers", "--json").stdout), 30, "an advertisement")
+    (w,) = rows
+    assert w["live"] and not w["stopping"] and w["silent_ms"] < small.settings.lease_ms
+    assert (w["slots"], w["claim_ahead"], w["cpus"], w["gpus"]) == (SLOTS, AHEAD, CPUS, 0)
+    assert w["labels"] == {"zone": "[red]lab"} and w["memory_mb"] > 0
+    table = small.cli("workers").stdout
+    assert "zone=[red]lab" in table and "yes" in table
 
 
 def tenant_rows(stack: Stack) -> dict[str, dict[str, Any]]:

@@ -39,6 +39,7 @@ def dumps(rec: TaskRecord) -> bytes:
         "fenced_claims": list(s.fenced_claims),
         "lease_expiries": s.lease_expiries,
         "cancelled_claim": s.cancelled_claim,
+        "lane": s.lane,
     }
     return json.dumps(
         {
@@ -71,6 +72,7 @@ def loads(raw: bytes) -> TaskRecord:
         fenced_claims=tuple(d.get("fenced_claims", ())),
         lease_expiries=int(d.get("lease_expiries", 0)),
         cancelled_claim=d.get("cancelled_claim"),
+        lane=d.get("lane", "default"),
     )
     return TaskRecord(
         state,

@@ -10,6 +10,11 @@ running at once; a tenant that cannot use its share leaves it to the others. Wit
 order. A task that fits no live worker (cpu, memory, gpu) is not promoted: it would only wait in the
 queue.
 
+Each promoted task is routed to a queue lane (`route`). Every worker reads the default lane and may
+read more; a task in a lane is claimed by whichever of the lane's workers holds its partition there, so
+it goes to a lane all of whose live workers can run it, the least loaded of those (queued tasks per
+place), which keeps a task out of the reach of a worker too small for it.
+
 No I/O and no clock: streams/batcher.py reads the read model and sends the promotions.
 """
 
@@ -18,6 +23,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+DEFAULT_LANE = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +37,7 @@ class Offer:
     cpus: float
     memory_mb: int
     gpus: int
+    lanes: tuple[str, ...] = (DEFAULT_LANE,)  # the queue lanes it reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +97,28 @@ def plan(
         taken[tenant] = taken.get(tenant, 0) + 1
         push(tenant)
     return [candidates[i] for i in sorted(chosen)], too_big
+
+
+def route(chosen: Sequence[Candidate], offers: Sequence[Offer], queued: Mapping[str, int]) -> list[str]:
+    """The lane of each chosen task, in order: among the lanes all of whose live workers fit it, the one
+    with the fewest queued tasks per place (its workers' slots and claim_ahead), counting those routed
+    before it in this round (ties: the default lane, then by name). A task no lane fits whole goes to
+    the lane with the largest share of its workers that fit it. `queued`: tasks queued per lane now."""
+    members: dict[str, list[Offer]] = {}
+    for o in offers:
+        for lane in o.lanes:
+            members.setdefault(lane, []).append(o)
+    if not members:
+        return [DEFAULT_LANE] * len(chosen)
+    places = {lane: max(1, sum(o.slots + o.claim_ahead for o in os)) for lane, os in members.items()}
+    load = {lane: queued.get(lane, 0) for lane in members}
+    out = []
+    for c in chosen:
+        fitting = {lane: sum(c.fits(o) for o in os) for lane, os in members.items()}
+        whole = [lane for lane, n in fitting.items() if n == len(members[lane])]
+        share = {lane: n / len(members[lane]) for lane, n in fitting.items()}
+        pool = whole or [lane for lane in members if share[lane] == max(share.values())]
+        lane = min(pool, key=lambda x: (load[x] / places[x], x != DEFAULT_LANE, x))
+        load[lane] += 1
+        out.append(lane)
+    return out

@@ -214,7 +214,7 @@ def _(ev: e.TaskReady, s: TaskState) -> TaskState:
 
 @_apply.register
 def _(ev: e.TaskQueued, s: TaskState) -> TaskState:
-    return replace(s, status=S.QUEUED, attempt=ev.attempt)
+    return replace(s, status=S.QUEUED, attempt=ev.attempt, lane=ev.lane)
 
 
 @_apply.register

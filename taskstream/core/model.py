@@ -106,6 +106,7 @@ class TaskState:
     fenced_claims: tuple[str, ...] = ()  # claims whose leases expired (the newest few): reports refused
     lease_expiries: int = 0
     cancelled_claim: str | None = None  # the claim it was running under when cancelled: its kill is recorded
+    lane: str = "default"  # the queue lane of its current or last attempt
 
     @property
     def is_terminal(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +31,14 @@ class TopicPlan:
     partitions: int | None = None  # None: settings.partitions
 
 
+QUEUE_CONFIG = {"retention.ms": "604800000"}  # the default lane's queue ("queue" below) and every other lane's
 # Every topic taskstream writes. Same partition count everywhere: events, task-inputs and the queue are
 # co-partitioned by task id so one owner sees all of a task.
 TOPICS: tuple[TopicPlan, ...] = (
     TopicPlan("commands", "command", {"max.message.bytes": str(MAX_MESSAGE_BYTES), "retention.ms": "-1"}),
     TopicPlan("events", "event", {"retention.ms": "-1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}),
     TopicPlan("task-inputs", "input", {"retention.ms": "604800000"}),
-    TopicPlan("queue", "queued", {"retention.ms": "604800000"}),
+    TopicPlan("queue", "queued", QUEUE_CONFIG),  # the default lane's queue (lane_topic)
     TopicPlan("dead-letters", None, {"retention.ms": "-1", "max.message.bytes": str(MAX_MESSAGE_BYTES)}),
     # Admission's own state (streams/admitter.py), JSON values: the linked part of each admitted
     # submission, co-partitioned with commands and written in the admission transaction ...
@@ -48,11 +50,11 @@ TOPICS: tuple[TopicPlan, ...] = (
     # ... and the submitter cluster's heartbeats (connectors/ownership.py): a log of them, kept an hour.
     # Not compacted: noida-db's cleaner compacted heartbeats away before members read them (gaps of 3 s).
     TopicPlan("admission-members", None, {"cleanup.policy": "delete", "retention.ms": "3600000"}, partitions=1),
-    # What each scheduler worker offers (streams/batcher.py), JSON, every heartbeat_ms: read by the
-    # batcher, kept an hour. Not task history, so not on the events topic.
     # Every tenant set (streams/admitter.py's TenantBook), JSON, keyed by tenant: written in the admission
     # transaction that accepted it, read whole by every admission worker.
     TopicPlan("tenants", None, {"cleanup.policy": "compact", "retention.ms": "-1"}, partitions=1),
+    # What each scheduler worker offers (streams/batcher.py), JSON, every heartbeat_ms: read by the
+    # batcher, kept an hour. Not task history, so not on the events topic.
     TopicPlan("workers", None, {"cleanup.policy": "delete", "retention.ms": "3600000"}, partitions=1),
 )
 ADMISSION_GROUP_SUFFIX = "admission"  # consumer group (offsets only) of the admission workers
@@ -85,6 +87,22 @@ def ensure_topics(settings: Settings, timeout: float = 30.0) -> None:
     topics = [NewTopic(settings.topic(t.key), t.partitions or settings.partitions, 1, config=t.config) for t in TOPICS]
     compact = {"cleanup.policy": "compact"}
     topics += [NewTopic(name, settings.partitions, 1, config=compact) for name in faust_changelogs(settings)]
+    _create(client, topics, timeout)
+
+
+def lane_topic(settings: Settings, lane: str) -> str:
+    """The queue topic of a lane: `queue` for the default lane (settings.lane), `queue.<lane>` for the
+    others. Partitioned as the queue is, so a task's records share its partition number everywhere."""
+    return settings.topic("queue") if lane == settings.lane else settings.topic(f"queue.{lane}")
+
+
+def ensure_lane_topics(settings: Settings, lanes: Iterable[str], timeout: float = 30.0) -> None:
+    """Create the queue topics of these lanes where missing (a worker reading a lane makes it exist)."""
+    topics = [NewTopic(lane_topic(settings, lane), settings.partitions, 1, config=QUEUE_CONFIG) for lane in lanes]
+    _create(admin(settings), topics, timeout)
+
+
+def _create(client: AdminClient, topics: list[NewTopic], timeout: float) -> None:
     futures = client.create_topics(topics, request_timeout=timeout)
     for name, fut in futures.items():
         try:

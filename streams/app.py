@@ -33,13 +33,14 @@ from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired, queued_tasks
 from taskstream.streams.batcher import Batcher, advert
 from taskstream.streams.context import Context
+from taskstream.streams.lanes import LaneReader
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.runner import Runners
 from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
 from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, InOrderAcks, Reports
 
-from taskstream.settings import Settings, worker_labels
+from taskstream.settings import Settings, lanes_of, worker_labels
 
 log = logging.getLogger(__name__)
 TIMER_RESEND_MS = 5_000
@@ -129,9 +130,11 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     workers_topic = s.topic("workers")
     capacity = Capacity.of(s)  # what this worker offers, and what its tasks take of it
     labels = worker_labels(s.worker_labels)
+    lanes = lanes_of(s)  # the default lane (the executor agent below), then the others (streams/lanes.py)
 
     async def advertised(stopping: bool = False) -> None:
-        ad = advert(capacity.offer(worker_id, s.claim_ahead), labels, capacity.claims, stopping, ctx().now_ms())
+        offer = capacity.offer(worker_id, s.claim_ahead, lanes)
+        ad = advert(offer, labels, capacity.claims, stopping, ctx().now_ms())
         await (await app.producer.send(workers_topic, worker_id.encode(), ad, 0, None, None))
 
     @app.task
@@ -207,6 +210,23 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             for c in claimers:
                 c.cancel()
             await asyncio.gather(*claimers, return_exceptions=True)
+
+    def lane_reader(lane: str) -> Any:
+        async def read_lane() -> None:
+            """Another queue lane this worker reads (streams/lanes.py), into the same executors."""
+            while "w" not in waiter_holder:
+                await asyncio.sleep(0.05)
+
+            async def handle(m: Any, qt: Any) -> None:
+                await _guarded(ctx(), m, "executor", executor_for().handle(qt))
+
+            await LaneReader(ctx(), lane, handle, s.worker_slots + s.claim_ahead).run()
+
+        read_lane.__name__ = read_lane.__qualname__ = f"read_lane_{lane.replace('-', '_')}"
+        return read_lane
+
+    for lane in lanes[1:]:
+        app.task(lane_reader(lane))
 
     sent: dict[bytes, tuple[int, int]] = {}  # key -> (the due time fired, when)
     rebuilt = [0.0]

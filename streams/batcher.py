@@ -33,7 +33,7 @@ from taskstream.projections.pg import BATCHER_CHANNEL
 from taskstream.schemas import records as r
 from taskstream.streams.context import Context
 
-from taskstream.core.batcher import Candidate, Offer, plan, room
+from taskstream.core.batcher import DEFAULT_LANE, Candidate, Offer, plan, room, route
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ NOT_LEADER_WAIT_S = 0.5
 
 TAKEN = "SELECT tenant, count(*) FROM tasks WHERE status IN ('QUEUED', 'CLAIMED', 'RUNNING') GROUP BY tenant"
 TENANTS = "SELECT tenant, max_running, weight FROM tenants"
+QUEUED_BY_LANE = "SELECT lane, count(*) FROM tasks WHERE status = 'QUEUED' GROUP BY lane"
 STILL_READY = "SELECT task_id::text FROM tasks WHERE task_id = ANY(%s::uuid[]) AND status = 'READY'"
 # Each tenant's best n (the index tasks_ready_by_deadline), merged in rank order.
 CANDIDATES = (
@@ -58,7 +59,8 @@ class Batcher:
     def __init__(self, ctx: Context, is_leader: Callable[[], bool]) -> None:
         self.ctx = ctx
         self.is_leader = is_leader
-        self.promoted: dict[str, tuple[str, float]] = {}  # task id -> (tenant, when sent), not yet seen queued
+        # task id -> (tenant, lane, when sent), not yet seen queued
+        self.promoted: dict[str, tuple[str, str, float]] = {}
         self.too_big: OrderedDict[str, None] = OrderedDict()
         self.rounds = 0
 
@@ -91,7 +93,8 @@ class Batcher:
         """One promotion round; returns the ids promoted."""
         chosen = await self.choose(conn, offers)
         if chosen:
-            await self.promote(chosen)
+            lanes = await self.route(conn, chosen, offers)
+            await self.promote(chosen, lanes)
         return [c.task_id for c in chosen]
 
     async def choose(self, conn: psycopg.AsyncConnection[Any], offers: list[Offer]) -> list[Candidate]:
@@ -104,7 +107,7 @@ class Batcher:
         await self._forget_queued(conn)
         taken = dict(await (await conn.execute(TAKEN)).fetchall())
         in_flight: dict[str, int] = {}
-        for tenant, _ in self.promoted.values():
+        for tenant, _, _ in self.promoted.values():
             in_flight[tenant] = in_flight.get(tenant, 0) + 1
         k = room(offers, s.batch_ahead, sum(taken.values()) + len(self.promoted))
         if k == 0:
@@ -123,16 +126,30 @@ class Batcher:
         log.debug("batcher: %d of %d candidates chosen (K %d)", len(chosen), len(candidates), k)
         return chosen
 
-    async def promote(self, chosen: list[Candidate]) -> None:
-        """Send each chosen task's owner a Promote (those of one partition in one record), and count them
-        as taken until the read model shows them queued."""
+    async def route(
+        self, conn: psycopg.AsyncConnection[Any], chosen: list[Candidate], offers: list[Offer]
+    ) -> list[str]:
+        """The lane of each chosen task (taskstream/core/batcher.py `route`): with one lane, that one;
+        else by what each lane's workers fit and its load (queued, and promoted not yet seen queued)."""
+        if len({lane for o in offers for lane in o.lanes}) <= 1:
+            return [offers[0].lanes[0] if offers else self.ctx.settings.lane] * len(chosen)
+        queued = dict(await (await conn.execute(QUEUED_BY_LANE)).fetchall())
+        for _, lane, _ in self.promoted.values():
+            queued[lane] = queued.get(lane, 0) + 1
+        return route(chosen, offers, queued)
+
+    async def promote(self, chosen: list[Candidate], lanes: list[str] | None = None) -> None:
+        """Send each chosen task's owner a Promote into its lane (the default lane if none is given;
+        those of one partition in one record), and count them as taken until the read model shows them
+        queued."""
         at = self.ctx.now_ms()
-        promote = r.Promote(self.ctx.settings.lane)
-        recs = [self.ctx.input(c.task_id, at, promote, f"{c.task_id}:promote:{at}") for c in chosen]
+        lanes = lanes or [self.ctx.settings.lane] * len(chosen)
+        recs = [self.ctx.input(c.task_id, at, r.Promote(lane), f"{c.task_id}:promote:{at}")
+                for c, lane in zip(chosen, lanes, strict=True)]  # fmt: skip
         await self.ctx.send_all(self.ctx.inputs_packed(recs))
         sent = time.monotonic()
-        for c in chosen:
-            self.promoted[c.task_id] = (c.tenant, sent)
+        for c, lane in zip(chosen, lanes, strict=True):
+            self.promoted[c.task_id] = (c.tenant, lane, sent)
 
     async def _forget_queued(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Promotions the read model now shows as no longer READY are counted from it from now on."""
@@ -140,7 +157,7 @@ class Batcher:
             return
         still = {row[0] for row in await (await conn.execute(STILL_READY, (list(self.promoted),))).fetchall()}
         old = time.monotonic() - PROMOTED_KEPT_S
-        for tid in [t for t, (_, sent) in self.promoted.items() if t not in still or sent < old]:
+        for tid in [t for t, (_, _, sent) in self.promoted.items() if t not in still or sent < old]:
             del self.promoted[tid]
 
     def _report_too_big(self, too_big: list[Candidate], offers: list[Offer]) -> None:
@@ -172,14 +189,17 @@ async def _news(conn: psycopg.AsyncConnection[Any], timeout_s: float) -> None:
 def advert(offer: Offer, labels: dict[str, str], claims: int, stopping: bool, at_ms: int) -> bytes:
     """A worker's advertisement: what it offers, its labels, the claims it holds, whether it is stopping."""
     body = {"worker": offer.worker, "slots": offer.slots, "claim_ahead": offer.claim_ahead, "cpus": offer.cpus,
-            "memory_mb": offer.memory_mb, "gpus": offer.gpus, "labels": labels, "claims": claims,
-            "stopping": stopping, "at_ms": at_ms}  # fmt: skip
+            "memory_mb": offer.memory_mb, "gpus": offer.gpus, "lanes": list(offer.lanes), "labels": labels,
+            "claims": claims, "stopping": stopping, "at_ms": at_ms}  # fmt: skip
     return json.dumps(body, sort_keys=True).encode()
 
 
 def offer_of(body: dict[str, Any]) -> Offer:
+    lanes = body.get("lanes") or [DEFAULT_LANE]  # an advert from before lanes: the default lane
+    if not isinstance(lanes, list) or not all(isinstance(x, str) for x in lanes):
+        raise TypeError(f"lanes {lanes!r} is not a list of names")
     return Offer(str(body["worker"]), int(body["slots"]), int(body["claim_ahead"]), float(body["cpus"]),
-                 int(body["memory_mb"]), int(body["gpus"]))  # fmt: skip
+                 int(body["memory_mb"]), int(body["gpus"]), tuple(lanes))  # fmt: skip
 
 
 class Adverts:

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
+from taskstream.connectors.kafka import lane_topic
 from taskstream.connectors.partitioning import partition_for
 from taskstream.schemas.codec import Codec
 from taskstream.schemas.records import (
@@ -81,6 +82,16 @@ def unit_random(*parts: object) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+@dataclass(frozen=True)
+class LaneTopic:
+    """The queue topic of a lane other than the default one, sent to by name (Context.send_all)."""
+
+    name: str
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
 @dataclass
 class Context:
     settings: Settings
@@ -122,6 +133,15 @@ class Context:
     def __post_init__(self) -> None:
         self._partitions: dict[str, int] = {}
         self._own_topics = {self.settings.topic(t) for t in ("events", "task-inputs", "queue")}
+        self._lanes: dict[str, Any] = {self.settings.lane: self.queue}
+
+    def queue_for(self, lane: str) -> Any:
+        """The queue topic of a lane (connectors/kafka.py `lane_topic`): the default lane's is `queue`."""
+        topic = self._lanes.get(lane)
+        if topic is None:
+            topic = self._lanes[lane] = LaneTopic(lane_topic(self.settings, lane))
+            self._own_topics.add(topic.name)  # co-partitioned like the others
+        return topic
 
     def partition(self, key: str) -> int:
         """The partition of a task's records on events, task-inputs and the queue (co-partitioned, the
@@ -140,14 +160,14 @@ class Context:
         events, and the queue's tasks, in the same order either way (`records.task_events`,
         `records.queued_tasks`)."""
         events: dict[int, list[EventRecord]] = {}
-        queued: dict[int, list[QueuedTask]] = {}
+        queued: dict[tuple[Any, int], list[QueuedTask]] = {}  # (lane's topic, partition) -> its tasks
         out: list[tuple[Any, str, Any]] = []
         for send in sends:
             topic, key, rec = send
             if topic is self.events and type(rec) is EventRecord and rec.task_id is not None and rec.version > 0:
                 events.setdefault(self.partition(key), []).append(rec)
-            elif topic is self.queue and type(rec) is QueuedTask and not rec.also:
-                queued.setdefault(self.partition(key), []).append(rec)
+            elif type(rec) is QueuedTask and not rec.also and topic is self._lanes.get(rec.lane):
+                queued.setdefault((topic, self.partition(key)), []).append(rec)
             else:
                 out.append(send)
         for recs in events.values():
@@ -156,9 +176,9 @@ class Context:
                 continue
             for chunk in chunks(recs, lambda ev: text_weight(ev.payload)):
                 out.append((self.events, str(chunk[0].task_id), pack(chunk, self.node)))
-        for qs in queued.values():
+        for (topic, _), qs in queued.items():
             for chunk in chunks(qs, _spec_weight):
-                out.append((self.queue, chunk[0].task_id, chunk[0] if len(chunk) == 1 else pack_queued(chunk)))
+                out.append((topic, chunk[0].task_id, chunk[0] if len(chunk) == 1 else pack_queued(chunk)))
         return out
 
     def inputs_packed(self, recs: list[InputRecord]) -> list[tuple[Any, str, Any]]:

@@ -304,8 +304,8 @@ class Lifecycle:
                     # (a claim request skipped in a rebalance, a worker that gave up waiting): send it again
                     log.info("task %s attempt %d queued %ds ago and not claimed: queued again", st.task_id,
                              st.attempt, self.ctx.settings.requeue_ms // 1000)  # fmt: skip
-                    again = r.QueuedTask(st.task_id, st.attempt, self.ctx.settings.lane, at, st.spec)
-                    await self._emit([(self.ctx.queue, st.task_id, again)])
+                    again = r.QueuedTask(st.task_id, st.attempt, st.lane, at, st.spec)
+                    await self._emit([(self.ctx.queue_for(st.lane), st.task_id, again)])
                     self._save(record, {"due": at + self.ctx.settings.requeue_ms, "purpose": "requeue"})
                 return
             case r.TimerFired(purpose="retry"):
@@ -412,7 +412,8 @@ class Lifecycle:
                     cmds.append(c.QueueTask(self.ctx.settings.lane, at))  # else it waits to be promoted
                 case e.TaskQueued(attempt=n, lane=lane):
                     assert s.spec is not None
-                    sends.append((self.ctx.queue, s.task_id, r.QueuedTask(s.task_id, n, lane, at, s.spec)))
+                    queued = r.QueuedTask(s.task_id, n, lane, at, s.spec)
+                    sends.append((self.ctx.queue_for(lane), s.task_id, queued))
         if s.status in TERMINAL and any(type(ev) in _ENDINGS for ev in new):
             sends.extend(self._ended_signal(s, dep, at) for dep in record.dependents)
         return cmds, sends

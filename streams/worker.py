@@ -38,7 +38,7 @@ from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context
 from taskstream.streams.runner import CallFailed, Runner, Runners
 
 from taskstream.core import events as e
-from taskstream.core.batcher import Offer
+from taskstream.core.batcher import DEFAULT_LANE, Offer
 
 log = logging.getLogger(__name__)
 CLAIM_RESEND_S = 10.0  # a claim request with no verdict yet is sent again after this, then twice as long ...
@@ -272,8 +272,8 @@ class Capacity:
             if not fut.done():
                 fut.set_result(None)
 
-    def offer(self, worker: str, claim_ahead: int) -> Offer:
-        return Offer(worker, self.slots, claim_ahead, self.cpus, self.memory_mb, self.gpus)
+    def offer(self, worker: str, claim_ahead: int, lanes: tuple[str, ...] = (DEFAULT_LANE,)) -> Offer:
+        return Offer(worker, self.slots, claim_ahead, self.cpus, self.memory_mb, self.gpus, lanes)
 
 
 def _tail(buf: bytearray, limit: int) -> str:

@@ -716,8 +716,8 @@ def workers(
     as_json: JsonOpt = False,
 ) -> None:
     """The scheduler workers heard from lately, as each last advertised itself (what the batcher
-    counts): slots, claim_ahead, cpus, memory, gpus, labels, claims held, and whether it is live (heard
-    within a lease, not stopping)."""
+    counts): slots, claim_ahead, cpus, memory, gpus, the queue lanes it reads, labels, claims held, and
+    whether it is live (heard within a lease, not stopping)."""
     from taskstream.connectors.ownership import latest_beats
 
     s = settings()
@@ -735,14 +735,16 @@ def workers(
         print(json.dumps(found))
         return
     t = Table(title="workers")
-    for col in ("worker", "live", "last heard", "slots", "ahead", "cpus", "memory", "gpus", "labels", "claims"):
-        t.add_column(col, justify="left" if col in ("worker", "live", "labels") else "right")
+    for col in ("worker", "live", "last heard", "slots", "ahead", "cpus", "memory", "gpus", "lanes", "labels",
+                "claims"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("worker", "live", "lanes", "labels") else "right")
     for w in found:
         live = "[green]yes[/]" if w["live"] else ("[yellow]stopping[/]" if w.get("stopping") else "[red]no[/]")
         labels = ",".join(f"{k}={v}" for k, v in sorted((w.get("labels") or {}).items())) or "-"
         t.add_row(lit(w["worker"]), live, f"{w['silent_ms'] / 1000:.1f}s ago", str(w.get("slots")),
                   str(w.get("claim_ahead")), f"{w.get('cpus', 0):g}", f"{w.get('memory_mb', 0)} MB",
-                  str(w.get("gpus")), lit(labels), str(w.get("claims")))  # fmt: skip
+                  str(w.get("gpus")), lit(",".join(w.get("lanes") or [s.lane])), lit(labels),
+                  str(w.get("claims")))  # fmt: skip
     console.print(t)
     if not found:
         console.print(f"no worker advertised itself in the last {within:g}s")
@@ -757,8 +759,22 @@ def queues(
     as_json: JsonOpt = False,
 ) -> None:
     """Each queue lane, from the read model: tasks waiting in it, the age of the oldest, tasks claimed
-    and not finished, and tasks handed out per second over the last WINDOW seconds."""
+    and not finished, and tasks handed out per second over the last WINDOW seconds; and from the
+    workers' advertisements, how many live workers read it (the batcher routes a task to a lane all of
+    whose live workers fit it, the least loaded of those)."""
+    from taskstream.connectors.ownership import latest_beats
+
     s = settings()
+    readers: dict[str, int] | None = {}
+    try:
+        beats = list(latest_beats(s, s.lease_ms, "workers", "worker").values())
+    except Exception:  # the broker is down: the read model's figures are still worth showing
+        beats, readers = [], None
+    now = time.time() * 1000
+    for b in beats:
+        if readers is not None and now - float(b.get("at_ms", 0)) < s.lease_ms and not b.get("stopping"):
+            for lane in b.get("lanes") or [s.lane]:
+                readers[lane] = readers.get(lane, 0) + 1
     with _read_model(s) as conn:
         rows = conn.execute(
             """
@@ -781,17 +797,22 @@ def queues(
          "claimed_or_running": held, "claimed_per_s": round(claimed / window, 3)}
         for lane, depth, oldest, held, claimed in rows
     ]  # fmt: skip
-    if not any(q["lane"] == s.lane for q in lanes):  # the lane tasks go to, shown even when idle
-        lanes.insert(0, {"lane": s.lane, "depth": 0, "oldest_s": None, "claimed_or_running": 0, "claimed_per_s": 0.0})
+    for lane in {s.lane, *(readers or {})} - {q["lane"] for q in lanes}:  # idle lanes too
+        lanes.append({"lane": lane, "depth": 0, "oldest_s": None, "claimed_or_running": 0, "claimed_per_s": 0.0})
+    lanes.sort(key=lambda q: (q["lane"] != s.lane, q["lane"]))  # the default lane first
+    for q in lanes:
+        q["workers"] = None if readers is None else readers.get(q["lane"], 0)
     if as_json:
         print(json.dumps(lanes))
         return
     t = Table(title=f"queue lanes (throughput over the last {window:g}s)")
-    for col in ("lane", "waiting", "oldest", "claimed or running", "handed out /s"):
+    for col in ("lane", "waiting", "oldest", "claimed or running", "handed out /s", "live workers"):
         t.add_column(col, justify="left" if col == "lane" else "right")
     for q in lanes:
         oldest = "-" if q["oldest_s"] is None else f"{q['oldest_s']:.1f}s"
-        t.add_row(lit(q["lane"]), str(q["depth"]), oldest, str(q["claimed_or_running"]), f"{q['claimed_per_s']:g}")
+        readers_of = "?" if q["workers"] is None else str(q["workers"])
+        t.add_row(lit(q["lane"]), str(q["depth"]), oldest, str(q["claimed_or_running"]), f"{q['claimed_per_s']:g}",
+                  readers_of)  # fmt: skip
     console.print(t)
 
 
@@ -1199,16 +1220,23 @@ def worker(
     ] = None,
     gpus: Annotated[int | None, typer.Option(min=0, help="gpus it offers (default: 0)")] = None,
     label: Annotated[list[str] | None, typer.Option(help="k=v, advertised with the rest (repeatable)")] = None,
+    lane: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a queue lane it reads besides the default one (repeatable; default: TASKSTREAM_WORKER_LANES)"
+        ),
+    ] = None,
 ) -> None:
     """Run one more worker in the foreground, against the stack the TASKSTREAM_* settings name (the
     embedded one by default). It joins the workers' group, takes a share of the tasks' partitions (as
-    their owner) and of the queue, and runs tasks, programs and callables, in its slots. SIGTERM or
+    their owner) and of the queue (and of each --lane's: the batcher routes a task to a lane all of whose
+    live workers fit it), and runs tasks, programs and callables, in its slots. SIGTERM or
     Ctrl-C drains it: it claims nothing more, lets its running tasks finish for up to
     TASKSTREAM_DRAIN_MS and hands back the rest, which run again elsewhere. If it dies, its task
     processes die with it and its leases expire. Exit status 2: bad settings, or the index is taken."""
     from dataclasses import replace
 
-    from taskstream.settings import worker_labels
+    from taskstream.settings import lanes_of, worker_labels
 
     s = settings()
     if slots is not None:
@@ -1228,8 +1256,15 @@ def worker(
         except ValueError as exc:
             fail(f"--label: {exc}", 2)
         s = replace(s, worker_labels=",".join(label))
+    if lane:
+        s = replace(s, worker_lanes=",".join(lane))
+    try:
+        lanes = lanes_of(s)
+    except ValueError as exc:
+        fail(f"--lane: {exc}", 2)
     chosen = s.workers if index is None else index  # the supervisor's own workers are 0 .. workers-1
-    offers = f"{s.worker_slots} slots, {s.worker_cpus or s.worker_slots:g} cpus, {s.worker_gpus} gpus"
+    offers = (f"{s.worker_slots} slots, {s.worker_cpus or s.worker_slots:g} cpus, {s.worker_gpus} gpus, "
+              f"lanes {', '.join(lanes)}")  # fmt: skip
     _run_worker(s, chosen, f"worker {chosen} ({offers}) joining {s.bootstrap}; its log follows")
 
 

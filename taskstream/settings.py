@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -66,6 +67,9 @@ class Settings:
     worker_memory_mb: int = 0
     worker_gpus: int = 0
     worker_labels: str = ""
+    # The queue lanes a worker reads besides `lane` (every worker reads that one): "big,gpu". The
+    # batcher routes a task to a lane all of whose live workers can run it, the least loaded of those.
+    worker_lanes: str = ""
     node_id: str = ""
     lane: str = "default"
     # The batcher (streams/batcher.py): ready tasks wait in the database and the top K by deadline
@@ -247,6 +251,10 @@ def _timing_problems(s: Settings) -> list[str]:
             f" TASKSTREAM_WORKER_GPUS={s.worker_gpus} must not be negative (0 cpus or memory: the default)"
         )
     try:
+        lanes_of(s)
+    except ValueError as exc:
+        out.append(f"TASKSTREAM_WORKER_LANES={s.worker_lanes!r} or TASKSTREAM_LANE={s.lane!r}: {exc}")
+    try:
         worker_labels(s.worker_labels)
     except ValueError as exc:
         out.append(f"TASKSTREAM_WORKER_LABELS={s.worker_labels!r}: {exc}")
@@ -262,6 +270,23 @@ def _timing_problems(s: Settings) -> list[str]:
             f" TASKSTREAM_RECHECK_MAX_MS={s.recheck_max_ms}"
         )
     return out
+
+
+LANE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")
+
+
+def lanes_of(s: Settings) -> tuple[str, ...]:
+    """The lanes a worker reads: the default lane, then worker_lanes in order, each once; ValueError
+    naming a lane that is not a name (letters, digits, `_`, `-`, at most 40, a letter or digit first)."""
+    out: list[str] = []
+    for lane in (s.lane, *(x.strip() for x in s.worker_lanes.split(","))):
+        if not lane:
+            continue
+        if not LANE_NAME.fullmatch(lane):
+            raise ValueError(f"lane {lane!r} is not a name (letters, digits, _ and -, at most 40)")
+        if lane not in out:
+            out.append(lane)
+    return tuple(out)
 
 
 def worker_labels(text: str) -> dict[str, str]:

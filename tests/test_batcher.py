@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,11 @@ from hypothesis import strategies as st
 from taskstream.schemas import records as r
 
 from taskstream.core import events as e
-from taskstream.core.batcher import Candidate, Offer, plan, room
+from taskstream.core.batcher import Candidate, Offer, plan, room, route
 from taskstream.core.submission import parse_document
 from taskstream.sdk import Client
 from tests.conftest import Stack, running, wait_until
-from tests.test_dispatch import all_succeeded, history, story, submit
+from tests.test_dispatch import Workers, all_succeeded, history, story, submit
 
 SMALL = Offer("w1", slots=4, claim_ahead=2, cpus=4.0, memory_mb=8192, gpus=0)
 GPU = Offer("w2", slots=2, claim_ahead=0, cpus=8.0, memory_mb=65536, gpus=2)
@@ -76,6 +77,26 @@ def test_a_task_no_live_worker_fits_waits_and_smaller_ones_go_past_it() -> None:
     assert too_big == [big] and chosen == rest
     chosen, too_big = plan([big, *rest], 3, {}, {}, [SMALL, GPU])  # a gpu worker is live: it fits
     assert too_big == [] and chosen == [big, *rest[:2]]
+
+
+def test_a_task_goes_to_a_lane_all_of_whose_workers_fit_it_the_least_loaded_of_those() -> None:
+    """A lane is read by every worker that names it, so a task goes only where every reader fits it;
+    among those, the fewest queued per place wins, counting this round's; a task no lane fits whole
+    goes where the largest share of its readers fit."""
+    small = Offer("s", 2, 1, 2.0, 4096, 0)  # reads the default lane only
+    big = Offer("b", 2, 1, 8.0, 32768, 0, ("default", "big"))
+    bigger = Offer("bb", 2, 1, 16.0, 65536, 0, ("default", "big"))
+    wide = Candidate("wide", "a", cpu=4.0)
+    assert route([wide], [small, big], {}) == ["big"]  # the default lane has a reader too small for it
+    narrow = cands("a", 4, cpu=0.5)
+    # default: 6 places (small, big), big: 3; each goes where the queue per place is shortest (3/6 against
+    # 0/3, then 1/3, then 2/3 against 3/6, then a tie of 2/3: the default lane)
+    assert route(narrow, [small, big], {"default": 3, "big": 0}) == ["big", "big", "default", "default"]
+    assert route(narrow[:1], [small, big], {}) == ["default"]  # a tie: the default lane
+    huge = Candidate("huge", "a", cpu=12.0)  # only `bigger` fits: no lane fits whole
+    assert route([huge], [small, big, bigger], {}) == ["big"]  # 1 of 2 readers fit, against 1 of 3
+    assert route([wide], [], {}) == ["default"]
+    assert route([], [small, big], {}) == []
 
 
 @st.composite
@@ -321,3 +342,55 @@ def test_a_flooding_tenant_leaves_the_others_their_weighted_share(small: Stack) 
     assert total >= 20, counts
     assert 0.4 <= shares["gold"] <= 0.7, shares
     assert 0.1 <= shares["plain"] <= 0.35 and 0.1 <= shares["flood"] <= 0.35, shares
+
+
+# Last in the module: the worker it adds changes K for what would follow.
+def test_a_big_task_goes_to_the_lane_of_the_workers_that_fit_it_and_no_worker_is_oversubscribed(
+    small: Stack, tmp_path: Path
+) -> None:
+    """A second worker, 8 cpus, also reads the lane `big`. Tasks of 4 cpus fit only it: the batcher
+    routes each to `big` (in the default lane one could sit on a partition of the 2-cpu worker, which
+    can never run it), and small tasks go to either lane by load. From the log: every big task was
+    queued in `big` and claimed by the big worker, both lanes carried work, and at no instant did the
+    tasks running on a worker need more cpus than it offers. `taskstream queues` shows both lanes
+    with their live readers."""
+    extra = Workers(small, tmp_path)
+    try:
+        argv = [sys.executable, "-m", "taskstream", "worker", "--index", "1", "--lane", "big", "--cpus", "8",
+                "--slots", "2"]  # fmt: skip
+        extra.start(1, *argv)
+
+        def adverts() -> dict[str, Any] | None:
+            rows = [w for w in json.loads(small.cli("workers", "--json").stdout) if w["live"]]
+            return {w["worker"]: w for w in rows} if len(rows) == 2 else None
+
+        live = wait_until(adverts, 60, "both workers advertising")
+        (big_worker,) = [w for w, ad in live.items() if "big" in ad["lanes"]]
+        cpus = {w: float(ad["cpus"]) for w, ad in live.items()}
+        wide = [{"name": f"wide{i}", "call": "time:sleep", "args": [0.3], "resources": {"cpu": 4}} for i in range(8)]
+        narrow = [{"name": f"narrow{i}", "call": "time:sleep", "args": [0.2], "resources": {"cpu": 0.5}}
+                  for i in range(24)]  # fmt: skip
+        sid, ids = submit(small, wide + narrow)
+        wait_until(lambda: all_succeeded(small, sid, 32), 120, "every task to succeed")
+        log = history(small, set(ids.values()))
+        need = {ids[t["name"]]: float(t["resources"]["cpu"]) for t in wide + narrow}
+        lanes: dict[str, set[str]] = {"wide": set(), "narrow": set()}
+        by_worker: dict[str, list[tuple[int, int, float]]] = {}
+        for name, tid in ids.items():
+            evs = log[tid]
+            queued, claimed = first(evs, e.TaskQueued), first(evs, e.TaskClaimed)
+            started, ended = first(evs, e.TaskStarted), first(evs, e.TaskSucceeded)
+            assert queued and claimed and started and ended, story(small, tid)
+            lanes[name.rstrip("0123456789")].add(queued.payload.lane)
+            if name.startswith("wide"):
+                assert claimed.payload.worker == big_worker, story(small, tid)
+            by_worker.setdefault(claimed.payload.worker, []).append((started.event_ms, ended.event_ms, need[tid]))
+        assert lanes["wide"] == {"big"}
+        assert lanes["narrow"] == {"default", "big"}  # routed by load: both lanes took some
+        for worker, spans in by_worker.items():
+            assert most_at_once(spans) <= cpus[worker] + 1e-9, (worker, spans)
+        rows = {q["lane"]: q for q in json.loads(small.cli("queues", "--json").stdout)}
+        assert (rows["default"]["workers"], rows["big"]["workers"]) == (2, 1), rows
+        assert "big" in small.cli("workers").stdout
+    finally:
+        extra.stop()

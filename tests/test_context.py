@@ -185,3 +185,20 @@ def test_a_workers_inputs_sent_at_the_same_moment_go_in_one_write_one_record_per
         assert topic is ctx.inputs and key == rec.task_id
         assert r.task_inputs(rec) == by_partition[partition_for(key.encode(), 4)]
     assert alone == [(ctx.inputs, "t0", inputs[0])]
+
+
+def test_each_lanes_tasks_go_to_its_own_topic_one_record_per_partition() -> None:
+    """The default lane's tasks go to `queue`, another lane's to `queue.<lane>`, never packed together;
+    each lane's topic is partitioned like the queue (a task's partition number is the same)."""
+    ctx = make_context(partitions=2)
+    big = ctx.queue_for("big")
+    assert ctx.queue_for("default") is ctx.queue and ctx.queue_for("big") is big
+    assert big.get_topic_name() == ctx.settings.topic("queue.big")
+    sends = [a_queued(ctx, f"t{i}") for i in range(6)]
+    sends += [(big, f"b{i}", r.QueuedTask(f"b{i}", 1, "big", 1000, r.TaskSpec(f"b{i}", "acme", ("true",))))
+              for i in range(6)]  # fmt: skip
+    out = ctx.packed(sends)
+    lanes = {(topic.get_topic_name(), {t.lane for t in r.queued_tasks(rec)} == {"big"}) for topic, _, rec in out}
+    assert lanes == {(ctx.settings.topic("queue"), False), (ctx.settings.topic("queue.big"), True)}
+    assert sorted(t.task_id for _, _, rec in out for t in r.queued_tasks(rec)) == sorted(k for _, k, _ in sends)
+    assert len(out) <= 4  # one record per lane and partition

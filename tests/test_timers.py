@@ -44,7 +44,9 @@ def lifecycle(**settings: Any) -> Lifecycle:
     def make_input(task_id: str, at: int, body: Any, input_id: str) -> r.InputRecord:
         return r.InputRecord(input_id, task_id, at, "test", body)
 
-    ctx = SimpleNamespace(settings=Settings(**settings), inputs="inputs", input=make_input)
+    ctx = SimpleNamespace(
+        settings=Settings(**settings), inputs="inputs", input=make_input, queue_for=lambda lane: f"queue:{lane}"
+    )
     return Lifecycle(ctx, {}, {})  # type: ignore[arg-type]
 
 

@@ -130,19 +130,21 @@ def as_current_event(event: Any) -> Any:
 
 
 _HEARTBEAT_MARK = "_taskstream_heartbeats"
-_heard: list[Any] = []  # what track_heartbeats was given
+_heard: list[tuple[str | None, Any]] = []  # (group, listener): what track_heartbeats was given
 
 
-def track_heartbeats(heard: Any) -> None:
-    """Call `heard(sent_at)` (monotonic) for every group heartbeat the coordinator answered: the member
-    was still in the group when it was sent (streams/tenure.py). aiokafka keeps its last good heartbeat
-    in a local of its heartbeat loop; its `GroupCoordinator._do_heartbeat` returns True for an answer
-    that keeps the membership (none, or a rebalance under way)."""
+def track_heartbeats(heard: Any, group_id: str | None = None) -> None:
+    """Call `heard(sent_at)` (monotonic) for every heartbeat of group `group_id` (None: of any group) the
+    coordinator answered: the member was still in the group when it was sent (streams/tenure.py). A
+    worker's other consumer groups (its queue lanes, streams/lanes.py) say nothing of its membership in
+    the workers' group. aiokafka keeps its last good heartbeat in a local of its heartbeat loop; its
+    `GroupCoordinator._do_heartbeat` returns True for an answer that keeps the membership (none, or a
+    rebalance under way)."""
     import time
 
     from aiokafka.consumer.group_coordinator import GroupCoordinator
 
-    _heard.append(heard)
+    _heard.append((group_id, heard))
     original = GroupCoordinator._do_heartbeat
     if getattr(original, _HEARTBEAT_MARK, False):
         return
@@ -151,8 +153,9 @@ def track_heartbeats(heard: Any) -> None:
         sent = time.monotonic()
         ok = bool(await original(self))
         if ok:
-            for listener in _heard:
-                listener(sent)
+            for group, listener in _heard:
+                if group is None or group == self.group_id:
+                    listener(sent)
         return ok
 
     setattr(_do_heartbeat, _HEARTBEAT_MARK, True)

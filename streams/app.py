@@ -90,7 +90,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     due_index = TimerIndex()
     lifecycle_holder: dict[str, Lifecycle] = {}
     tenure = Tenure(s.worker_session_timeout_ms / 1000)  # the lifecycle writes only while it holds
-    track_heartbeats(tenure.heard)
+    track_heartbeats(tenure.heard, faust_app_id(s))  # the workers' group's, not a lane's
 
     def lifecycle() -> Lifecycle:
         if "l" not in lifecycle_holder:
@@ -131,9 +131,10 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     capacity = Capacity.of(s)  # what this worker offers, and what its tasks take of it
     labels = worker_labels(s.worker_labels)
     lanes = lanes_of(s)  # the default lane (the executor agent below), then the others (streams/lanes.py)
+    reading = {lanes[0]}  # the lanes advertised: another once its topic exists and its reader has joined
 
     async def advertised(stopping: bool = False) -> None:
-        offer = capacity.offer(worker_id, s.claim_ahead, lanes)
+        offer = capacity.offer(worker_id, s.claim_ahead, tuple(x for x in lanes if x in reading))
         ad = advert(offer, labels, capacity.claims, stopping, ctx().now_ms())
         await (await app.producer.send(workers_topic, worker_id.encode(), ad, 0, None, None))
 
@@ -220,7 +221,10 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             async def handle(m: Any, qt: Any) -> None:
                 await _guarded(ctx(), m, "executor", executor_for().handle(qt))
 
-            await LaneReader(ctx(), lane, handle, s.worker_slots + s.claim_ahead).run()
+            def ready() -> None:
+                reading.add(lane)
+
+            await LaneReader(ctx(), lane, handle, s.worker_slots + s.claim_ahead, ready).run()
 
         read_lane.__name__ = read_lane.__qualname__ = f"read_lane_{lane.replace('-', '_')}"
         return read_lane

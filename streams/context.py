@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from taskstream.connectors.kafka import lane_topic
@@ -134,6 +135,26 @@ class Context:
         self._partitions: dict[str, int] = {}
         self._own_topics = {self.settings.topic(t) for t in ("events", "task-inputs", "queue")}
         self._lanes: dict[str, Any] = {self.settings.lane: self.queue}
+        self._lane_producer: AIOKafkaProducer | None = None
+        self._lane_producer_lock = asyncio.Lock()
+        self._lane_topics_tracked: set[str] = set()
+
+    async def _lanes_producer(self, topic: str) -> AIOKafkaProducer:
+        """The producer of the queue topics of lanes other than the default one, tracking `topic`. Not
+        the app's: an aiokafka client that is sent a record for a topic its metadata lacks (a lane's
+        topic made after it started) fetches the metadata of the topics it was sent to that way and of
+        no other from then on, and the partitions of the rest lose their leaders at the next refresh,
+        so their records wait for good (measured: every worker's decisions stopped once a lane was
+        added). Here only lane topics are written, and each is tracked before its first record."""
+        async with self._lane_producer_lock:
+            if self._lane_producer is None:
+                producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=1)
+                await producer.start()
+                self._lane_producer = producer
+            if topic not in self._lane_topics_tracked:
+                await self._lane_producer.client.add_topic(topic)
+                self._lane_topics_tracked.add(topic)
+        return self._lane_producer
 
     def queue_for(self, lane: str) -> Any:
         """The queue topic of a lane (connectors/kafka.py `lane_topic`): the default lane's is `queue`."""
@@ -217,10 +238,13 @@ class Context:
             try:
                 # Faust's producer underneath the topics: `topic.send` costs ~0.5 ms a record in Faust's
                 # channel machinery, which made a 10,000-task admission take 14 s.
-                futures = [
-                    await self.producer.send(name, key, value, part, None, hdr)
-                    for name, key, value, hdr, part in encoded
-                ]
+                futures = []
+                for (topic, _, _), (name, key, value, hdr, part) in zip(sends, encoded, strict=True):
+                    if type(topic) is LaneTopic:
+                        lanes = await self._lanes_producer(name)
+                        futures.append(await lanes.send(name, value, key=key, partition=part, headers=hdr))
+                    else:
+                        futures.append(await self.producer.send(name, key, value, part, None, hdr))
                 for fut in futures:
                     await fut
                 return

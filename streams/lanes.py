@@ -42,8 +42,11 @@ def lane_group(ctx: Context, lane: str) -> str:
 class LaneReader:
     """Reads one lane's queue in the lane's consumer group and hands its tasks to `claimers` claimers."""
 
-    def __init__(self, ctx: Context, lane: str, handle: Handle, claimers: int) -> None:
+    def __init__(
+        self, ctx: Context, lane: str, handle: Handle, claimers: int, on_ready: Callable[[], None] = lambda: None
+    ) -> None:
         self.ctx = ctx
+        self.on_ready = on_ready  # called once the lane's topic exists and its group is joined
         self.lane = lane
         self.handle = handle
         self.claimers = claimers
@@ -73,6 +76,7 @@ class LaneReader:
         )
         await consumer.start()
         consumer.subscribe([topic], listener=_Rebalanced(self.acks))
+        self.on_ready()  # the worker advertises the lane from now on: the batcher routes to it
         work: asyncio.Queue[tuple[Any, int, r.QueuedTask]] = asyncio.Queue()
         claimers = [asyncio.ensure_future(self._claimer(work)) for _ in range(self.claimers)]
         log.info("lane %s: reading %s in group %s", self.lane, topic, lane_group(self.ctx, self.lane))

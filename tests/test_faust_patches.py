@@ -9,6 +9,7 @@ from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from faust.transport.consumer import Consumer
 from faust.types import TP
 from taskstream.connectors.faust_patches import ack_processed_only, track_heartbeats
@@ -178,6 +179,7 @@ def test_an_answered_heartbeat_is_reported_with_when_it_was_sent_and_a_refused_o
     heard: list[float] = []
     track_heartbeats(heard.append)
     track_heartbeats(heard.append)  # installed once: a second listener, not a second wrapper
+    track_heartbeats(lambda _: pytest.fail("a heartbeat of another group"), "another group")
 
     def coordinator(error_code: int) -> Any:
         async def send_req(_request: Any) -> Any:

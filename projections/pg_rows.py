@@ -83,7 +83,7 @@ def _new_row(
         tid, sid, s.name, s.tenant, status, version, list(s.argv), json.dumps(s.env),
         s.working_dir, s.resources.cpu, s.resources.memory_mb, s.resources.gpu, s.execution_cap_ms, s.retry_limit,
         json.dumps(bo), s.delay_tolerance_ms, s.priority, list(s.dependencies), ts(s.not_before_ms),
-        json.dumps(s.labels), at, at, admitted, _call_json(s),
+        json.dumps(s.labels), at, at, admitted, _call_json(s), json.dumps(dict(s.resources.labels)),
     )  # fmt: skip
 
 
@@ -96,7 +96,7 @@ def _call_json(s: TaskSpec) -> str | None:
 NEW_TASK_COLS = (
     "task_id", "submission_id", "name", "tenant", "status", "version", "argv", "env", "working_dir", "cpu",
     "memory_mb", "gpu", "execution_cap_ms", "retry_limit", "backoff", "delay_tolerance_ms", "priority",
-    "dependencies", "not_before", "labels", "submitted_at", "updated_at", "admitted_at", "call",
+    "dependencies", "not_before", "labels", "submitted_at", "updated_at", "admitted_at", "call", "needs_labels",
 )  # fmt: skip
 
 

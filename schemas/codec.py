@@ -77,6 +77,8 @@ _SHAPES: dict[type, Any] = {
     list: _SEQUENCE,
     dict: _MAPPING,
 }
+_RESOURCES_SHAPE = "resources"
+_SHAPES[Resources] = _RESOURCES_SHAPE
 
 
 def _shape(t: type) -> Any:
@@ -96,6 +98,8 @@ def _plain(value: Any) -> Any:
     shape = _SHAPES.get(type(value)) or _shape(type(value))
     if shape is _SCALAR:
         return value
+    if shape is _RESOURCES_SHAPE:  # its labels are pairs here and a map in Avro
+        return {"cpu": value.cpu, "memory_mb": value.memory_mb, "gpu": value.gpu, "labels": dict(value.labels)}
     if shape is _SEQUENCE:
         return [_plain(v) for v in value]
     if shape is _MAPPING:
@@ -113,7 +117,7 @@ def spec_from(d: dict[str, Any]) -> TaskSpec:
     Equal Resources and Backoff values are shared: both are frozen, and a submission's tasks mostly
     repeat a few (admission decodes 10,000s of specs per submission)."""
     res, bo = d["resources"], d["backoff"]
-    rkey = (res["cpu"], res["memory_mb"], res["gpu"])
+    rkey = (res["cpu"], res["memory_mb"], res["gpu"], tuple(sorted(dict(res.get("labels") or {}).items())))
     resources = _RESOURCES.get(rkey)
     if resources is None:
         resources = Resources(*rkey)
@@ -207,7 +211,7 @@ def _spec_avro(s: TaskSpec) -> dict[str, Any]:
     res = _RESOURCES_AVRO.get(s.resources)
     if res is None:
         r_ = s.resources
-        res = {"cpu": r_.cpu, "memory_mb": r_.memory_mb, "gpu": r_.gpu}
+        res = {"cpu": r_.cpu, "memory_mb": r_.memory_mb, "gpu": r_.gpu, "labels": dict(r_.labels)}
         if len(_RESOURCES_AVRO) < _SHARED_MAX:
             _RESOURCES_AVRO[r_] = res
     bo = _BACKOFF_AVRO.get(s.backoff)

@@ -29,6 +29,7 @@ from typing import Any
 import psycopg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
+from taskstream.connectors.kafka import ensure_lane_topics
 from taskstream.projections.pg import BATCHER_CHANNEL
 from taskstream.schemas import records as r
 from taskstream.streams.context import Context
@@ -47,8 +48,8 @@ QUEUED_BY_LANE = "SELECT lane, count(*) FROM tasks WHERE status = 'QUEUED' GROUP
 STILL_READY = "SELECT task_id::text FROM tasks WHERE task_id = ANY(%s::uuid[]) AND status = 'READY'"
 # Each tenant's best n (the index tasks_ready_by_deadline), merged in rank order.
 CANDIDATES = (
-    "SELECT c.task_id::text, c.tenant, c.cpu, c.memory_mb, c.gpu FROM tenants n CROSS JOIN LATERAL ("
-    " SELECT task_id, tenant, cpu, memory_mb, gpu, promote_by, priority FROM tasks"
+    "SELECT c.task_id::text, c.tenant, c.cpu, c.memory_mb, c.gpu, c.needs_labels FROM tenants n CROSS JOIN LATERAL ("
+    " SELECT task_id, tenant, cpu, memory_mb, gpu, needs_labels, promote_by, priority FROM tasks"
     " WHERE status = 'READY' AND tenant = n.tenant AND task_id <> ALL(%s::uuid[])"
     " ORDER BY promote_by, priority DESC LIMIT %s) c "
     "ORDER BY c.promote_by, c.priority DESC, c.task_id"
@@ -62,6 +63,7 @@ class Batcher:
         # task id -> (tenant, lane, when sent), not yet seen queued
         self.promoted: dict[str, tuple[str, str, float]] = {}
         self.too_big: OrderedDict[str, None] = OrderedDict()
+        self.lane_topics = {ctx.settings.lane}  # lanes whose queue topic is known to exist
         self.rounds = 0
 
     async def run(self) -> None:
@@ -119,7 +121,8 @@ class Batcher:
             if cap is not None:
                 headroom[tenant] = max(0, cap - taken.get(tenant, 0) - in_flight.get(tenant, 0))
         rows = await (await conn.execute(CANDIDATES, (list(self.promoted), k))).fetchall()
-        candidates = [Candidate(*row) for row in rows]
+        candidates = [Candidate(tid, tenant, cpu, mem, gpu, tuple(sorted((needs or {}).items())))
+                      for tid, tenant, cpu, mem, gpu, needs in rows]  # fmt: skip
         holding = {t: taken.get(t, 0) + in_flight.get(t, 0) for t in {*taken, *in_flight}}
         chosen, too_big = plan(candidates, k, headroom, weights, offers, holding)
         self._report_too_big(too_big, offers)
@@ -144,6 +147,16 @@ class Batcher:
         queued."""
         at = self.ctx.now_ms()
         lanes = lanes or [self.ctx.settings.lane] * len(chosen)
+        if new := set(lanes) - self.lane_topics:
+            # made sure of before a task's owner sends to it: a producer that asks for a topic not there
+            # yet waits for it, and the owner's decisions with it
+            try:
+                await asyncio.to_thread(ensure_lane_topics, self.ctx.settings, sorted(new))
+                self.lane_topics |= new
+            except Exception as exc:  # their tasks go to the default lane this round, which every worker reads
+                log.warning("batcher: cannot make sure lanes %s exist (%s); promoting to %s instead",
+                            sorted(new), exc, self.ctx.settings.lane)  # fmt: skip
+                lanes = [self.ctx.settings.lane if x in new else x for x in lanes]
         recs = [self.ctx.input(c.task_id, at, r.Promote(lane), f"{c.task_id}:promote:{at}")
                 for c, lane in zip(chosen, lanes, strict=True)]  # fmt: skip
         await self.ctx.send_all(self.ctx.inputs_packed(recs))
@@ -168,10 +181,16 @@ class Batcher:
             if len(self.too_big) > TOO_BIG_KEPT:
                 self.too_big.popitem(last=False)
             log.warning(
-                "batcher: task %s (tenant %s) needs %g cpus, %d MB, %d gpus; no live worker offers that (%s): it "
+                "batcher: task %s (tenant %s) needs %g cpus, %d MB, %d gpus%s; no live worker offers that (%s): it "
                 "waits READY until one does", c.task_id, c.tenant, c.cpu, c.memory_mb, c.gpu,
-                ", ".join(f"{o.worker}: {o.cpus:g} cpus, {o.memory_mb} MB, {o.gpus} gpus" for o in offers),
+                _labels(c.labels, " and "),
+                ", ".join(f"{o.worker}: {o.cpus:g} cpus, {o.memory_mb} MB, {o.gpus} gpus{_labels(o.labels, ', ')}"
+                          for o in offers),
             )  # fmt: skip
+
+
+def _labels(pairs: tuple[tuple[str, str], ...], sep: str) -> str:
+    return f"{sep}labels {','.join(f'{k}={v}' for k, v in pairs)}" if pairs else ""
 
 
 async def _news(conn: psycopg.AsyncConnection[Any], timeout_s: float) -> None:
@@ -198,8 +217,12 @@ def offer_of(body: dict[str, Any]) -> Offer:
     lanes = body.get("lanes") or [DEFAULT_LANE]  # an advert from before lanes: the default lane
     if not isinstance(lanes, list) or not all(isinstance(x, str) for x in lanes):
         raise TypeError(f"lanes {lanes!r} is not a list of names")
+    labels = body.get("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise TypeError(f"labels {labels!r} is not a mapping of strings")
     return Offer(str(body["worker"]), int(body["slots"]), int(body["claim_ahead"]), float(body["cpus"]),
-                 int(body["memory_mb"]), int(body["gpus"]), tuple(lanes))  # fmt: skip
+                 int(body["memory_mb"]), int(body["gpus"]), tuple(lanes),
+                 tuple(sorted((str(k), v) for k, v in labels.items())))  # fmt: skip
 
 
 class Adverts:

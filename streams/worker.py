@@ -39,6 +39,7 @@ from taskstream.streams.runner import CallFailed, Runner, Runners
 
 from taskstream.core import events as e
 from taskstream.core.batcher import DEFAULT_LANE, Offer
+from taskstream.settings import worker_labels
 
 log = logging.getLogger(__name__)
 CLAIM_RESEND_S = 10.0  # a claim request with no verdict yet is sent again after this, then twice as long ...
@@ -229,8 +230,11 @@ class Capacity:
     until a task's needs fit what is free (no worker is ever oversubscribed); `give` hands them back.
     What it offers by default: one cpu per slot and the machine's memory (Settings.worker_cpus, ...)."""
 
-    def __init__(self, slots: int, cpus: float, memory_mb: int, gpus: int) -> None:
+    def __init__(
+        self, slots: int, cpus: float, memory_mb: int, gpus: int, labels: dict[str, str] | None = None
+    ) -> None:
         self.slots, self.cpus, self.memory_mb, self.gpus = slots, cpus, memory_mb, gpus
+        self.labels = dict(labels or {})
         self.used = [0, 0.0, 0, 0]  # slots, cpus, memory_mb, gpus
         self.claims = 0  # claims held, running or waiting for room (advertised)
         self.waiters: list[asyncio.Future[None]] = []
@@ -238,7 +242,8 @@ class Capacity:
     @classmethod
     def of(cls, s: Any) -> Capacity:
         memory = s.worker_memory_mb or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
-        return cls(s.worker_slots, s.worker_cpus or float(s.worker_slots), int(memory), s.worker_gpus)
+        cpus = s.worker_cpus or float(s.worker_slots)
+        return cls(s.worker_slots, cpus, int(memory), s.worker_gpus, worker_labels(s.worker_labels))
 
     def could_run(self, res: Any) -> str | None:
         """Why a task with these needs can never run here, or None if it can."""
@@ -246,6 +251,9 @@ class Capacity:
                                 (res.gpu, self.gpus, "gpus")):  # fmt: skip
             if need > has:
                 return f"it needs {need:g} {what} and this worker offers {has:g}"
+        for key, value in getattr(res, "labels", ()):
+            if self.labels.get(key) != value:
+                return f"it needs the worker label {key}={value} and this worker has {key}={self.labels.get(key)}"
         return None
 
     def _fits(self, res: Any) -> bool:
@@ -273,7 +281,8 @@ class Capacity:
                 fut.set_result(None)
 
     def offer(self, worker: str, claim_ahead: int, lanes: tuple[str, ...] = (DEFAULT_LANE,)) -> Offer:
-        return Offer(worker, self.slots, claim_ahead, self.cpus, self.memory_mb, self.gpus, lanes)
+        labels = tuple(sorted(self.labels.items()))
+        return Offer(worker, self.slots, claim_ahead, self.cpus, self.memory_mb, self.gpus, lanes, labels)
 
 
 def _tail(buf: bytearray, limit: int) -> str:

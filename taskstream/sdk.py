@@ -239,12 +239,13 @@ class Client:
         with psycopg.connect(self.settings.dsn, autocommit=True) as conn:
             row = conn.execute(
                 "SELECT status, name, tenant, argv, env, working_dir, cpu, memory_mb, gpu, execution_cap_ms, "
-                "retry_limit, backoff, delay_tolerance_ms, priority, labels, call FROM tasks WHERE task_id = %s",
+                "retry_limit, backoff, delay_tolerance_ms, priority, labels, call, needs_labels FROM tasks "
+                "WHERE task_id = %s",
                 (task_id,),
             ).fetchone()
         if row is None:  # pragma: no cover (self.task found it a moment ago; rows are never deleted)
             raise TaskError(f"no task {task_id} in the read model")
-        status, name, tenant, argv, env, wd, cpu, mem, gpu, cap, limit, bo, tol, prio, labels, call = row
+        status, name, tenant, argv, env, wd, cpu, mem, gpu, cap, limit, bo, tol, prio, labels, call, needs = row
         if status != model.Status.DEAD_LETTERED:
             raise TaskError(f"task {task_id} is {status.lower()}, not dead-lettered: only a dead letter is retried")
         args = None if call is None else (call["target"], json.dumps(call["args"]), json.dumps(call["kwargs"]))
@@ -254,7 +255,7 @@ class Client:
             argv=tuple(argv),
             env=dict(env),
             working_dir=wd,
-            resources=model.Resources(cpu=cpu, memory_mb=mem, gpu=gpu),
+            resources=model.Resources(cpu=cpu, memory_mb=mem, gpu=gpu, labels=tuple(sorted(needs.items()))),
             execution_cap_ms=cap,
             retry_limit=limit,
             backoff=model.Backoff(bo["initial_ms"], bo["factor"], bo["max_ms"], bo["jitter"]),

@@ -19,7 +19,10 @@ def specs(draw: st.DrawFn, name: str | None = None, deps: tuple[str, ...] = ()) 
         env=draw(st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), text, max_size=3)),
         working_dir=draw(st.none() | st.just("/tmp")),
         resources=Resources(
-            cpu=draw(st.floats(0.1, 64)), memory_mb=draw(st.integers(1, 65536)), gpu=draw(st.integers(0, 8))
+            cpu=draw(st.floats(0.1, 64)),
+            memory_mb=draw(st.integers(1, 65536)),
+            gpu=draw(st.integers(0, 8)),
+            labels=tuple(sorted(draw(st.dictionaries(names, names, max_size=2)).items())),
         ),
         execution_cap_ms=draw(st.integers(1, 86_400_000)),
         retry_limit=draw(st.integers(0, 5)),

@@ -99,6 +99,16 @@ def test_a_task_goes_to_a_lane_all_of_whose_workers_fit_it_the_least_loaded_of_t
     assert route([], [small, big], {}) == []
 
 
+def test_a_task_needing_worker_labels_fits_only_workers_advertising_each_of_them() -> None:
+    eu = Offer("eu", 2, 1, 4.0, 8192, 0, labels=(("disk", "ssd"), ("zone", "eu")))
+    us = Offer("us", 2, 1, 4.0, 8192, 0, ("default", "us"), labels=(("zone", "us"),))
+    needs_eu = Candidate("a", "t", labels=(("zone", "eu"),))
+    needs_ssd_us = Candidate("b", "t", labels=(("disk", "ssd"), ("zone", "us")))
+    chosen, too_big = plan([needs_eu, needs_ssd_us], 5, {}, {}, [eu, us])
+    assert chosen == [needs_eu] and too_big == [needs_ssd_us]
+    assert route([needs_eu, Candidate("c", "t", labels=(("zone", "us"),))], [eu, us], {}) == ["default", "us"]
+
+
 @st.composite
 def rounds(draw: st.DrawFn) -> tuple[list[Candidate], int, dict[str, int | None], dict[str, float]]:
     tenants = draw(st.lists(st.sampled_from("abcde"), min_size=1, max_size=5, unique=True))
@@ -269,6 +279,23 @@ def test_no_worker_runs_more_than_its_cpus_and_a_task_none_fits_waits(small: Sta
     wait_until(lambda: statuses(small, big.values()) == {big["big"]: "CANCELLED"}, 30, "the big task cancelled")
 
 
+def test_a_task_runs_only_where_the_worker_labels_it_needs_are_and_waits_where_none_has_them(small: Stack) -> None:
+    """The worker advertises zone=[red]lab: a task needing that label runs; one needing zone=eu is never
+    promoted, and the batcher says which labels it needs."""
+    _, ids = submit(small, [{"name": "lab", "call": "os:getpid", "resources": {"labels": {"zone": "[red]lab"}}},
+                            {"name": "eu", "call": "os:getpid", "resources": {"labels": {"zone": "eu"}}}])  # fmt: skip
+    wait_until(lambda: statuses(small, [ids["lab"]]) == {ids["lab"]: "SUCCEEDED"}, 60, "the lab task to succeed")
+    wait_until(lambda: f"task {ids['eu']} (tenant dispatch) needs 1 cpus, 256 MB, 0 gpus and labels zone=eu"
+               in small.logs(), 30, "the batcher's word")  # fmt: skip
+    assert statuses(small, [ids["eu"]]) == {ids["eu"]: "READY"}
+    with psycopg.connect(small.settings.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT needs_labels FROM tasks WHERE task_id = %s", (ids["eu"],)).fetchone()
+    assert row == ({"zone": "eu"},)
+    with Client(small.settings) as client:
+        client.cancel(ids["eu"], "no worker in that zone")
+    wait_until(lambda: statuses(small, [ids["eu"]]) == {ids["eu"]: "CANCELLED"}, 30, "the eu task cancelled")
+
+
 def test_workers_lists_what_each_worker_advertises(small: Stack) -> None:
     """`taskstream workers`: the stack's worker, live, with the slots, claim_ahead, cpus and labels it
     was started with (what the batcher counts)."""
@@ -362,9 +389,10 @@ def test_a_big_task_goes_to_the_lane_of_the_workers_that_fit_it_and_no_worker_is
 
         def adverts() -> dict[str, Any] | None:
             rows = [w for w in json.loads(small.cli("workers", "--json").stdout) if w["live"]]
-            return {w["worker"]: w for w in rows} if len(rows) == 2 else None
+            ready = len(rows) == 2 and any("big" in w["lanes"] for w in rows)  # a lane once its reader has joined
+            return {w["worker"]: w for w in rows} if ready else None
 
-        live = wait_until(adverts, 60, "both workers advertising")
+        live = wait_until(adverts, 60, "both workers advertising, one the lane big")
         (big_worker,) = [w for w, ad in live.items() if "big" in ad["lanes"]]
         cpus = {w: float(ad["cpus"]) for w, ad in live.items()}
         wide = [{"name": f"wide{i}", "call": "time:sleep", "args": [0.3], "resources": {"cpu": 4}} for i in range(8)]

@@ -7,6 +7,7 @@ import io
 import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import fastavro
 import pytest
@@ -22,6 +23,7 @@ from taskstream.schemas import records as r
 from taskstream.schemas.codec import Codec, DecodeError, UnknownSchemaError, from_avro, schema_text, to_avro
 
 from taskstream.core import events as e
+from taskstream.core.model import Resources
 from tests.strategies import specs, text
 
 
@@ -193,6 +195,43 @@ def test_the_queue_record_standing_for_several_tasks_is_a_compatible_change_and_
     codec = Codec({"queued": second}, lambda sid: registry.get_schema(sid).schema_str)
     got = codec.decode("queued", b"\x00" + first.to_bytes(4, "big") + body.getvalue())
     assert got == r.QueuedTask("a", 1, "default", 5, spec) and r.queued_tasks(got) == [got]
+
+
+def _without_resource_labels(node: Any) -> Any:
+    if isinstance(node, dict):
+        if str(node.get("name", "")).split(".")[-1] == "Resources" and node.get("type") == "record":
+            return {**node, "fields": [f for f in node["fields"] if f["name"] != "labels"]}
+        return {k: _without_resource_labels(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_without_resource_labels(v) for v in node]
+    return node
+
+
+def test_the_worker_labels_a_task_needs_are_a_compatible_change_and_old_specs_need_none(
+    registry: SchemaRegistryClient,
+) -> None:
+    """Resources gained `labels` (with a default): the registry takes each envelope holding a spec
+    after the one without it (BACKWARD), and a spec written before needs no labels."""
+    for env, subject in (("queued", "l.queue-value"), ("command", "l.commands-value"), ("event", "l.events-value")):
+        new = json.loads(schema_text(env))
+        old = _without_resource_labels(new)
+        assert old != new
+        registry.register_schema(subject, Schema(json.dumps(old), "AVRO"))
+        registry.register_schema(subject, Schema(json.dumps(new), "AVRO"))
+        assert registry.get_latest_version(subject).version == 2
+    new = json.loads(schema_text("queued"))
+    old = _without_resource_labels(new)
+    first = registry.register_schema("l.queue-value", Schema(json.dumps(old), "AVRO"))
+    spec = r.TaskSpec("t", "acme", ("true",), resources=Resources(2.0, 512, 0))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(old), to_avro(r.QueuedTask("a", 1, "default", 5, spec)))
+    latest = registry.get_latest_version("l.queue-value").schema_id
+    codec = Codec({"queued": latest}, lambda sid: registry.get_schema(sid).schema_str)
+    got = codec.decode("queued", b"\x00" + first.to_bytes(4, "big") + body.getvalue())
+    assert got.spec.resources == Resources(2.0, 512, 0, ())
+    needs = r.TaskSpec("t", "acme", ("true",), resources=Resources(labels=(("zone", "eu"),)))
+    again = codec.decode("queued", codec.encode(r.QueuedTask("b", 1, "big", 5, needs)))
+    assert again.spec.resources.labels == (("zone", "eu"),)
 
 
 def test_inputs_packed_in_one_record_round_trip_and_the_input_schema_change_is_compatible(

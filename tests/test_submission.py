@@ -73,6 +73,18 @@ def test_a_good_document_parses_into_specs_in_milliseconds() -> None:
         ),
         ({"name": "a", "argv": ["x"], "resources": {"cpu": 0}}, "task 'a', field 'resources.cpu': must be > 0"),
         ({"name": "a", "argv": ["x"], "resources": {"disk": 1}}, "task 'a', field 'resources.disk': unknown field"),
+        (
+            {"name": "a", "argv": ["x"], "resources": {"labels": {"zone": ["eu"]}}},
+            "task 'a', field 'resources.labels.zone': must map a string to a string",
+        ),
+        (
+            {"name": "a", "argv": ["x"], "resources": {"labels": {"zone": "eu,us"}}},
+            "task 'a', field 'resources.labels.zone': must be a worker label as workers advertise them",
+        ),
+        (
+            {"name": "a", "argv": ["x"], "resources": {"labels": "zone=eu"}},
+            "task 'a', field 'resources.labels': must be a mapping of strings",
+        ),
         ({"name": "a", "argv": ["x"], "colour": "red"}, "task 'a', field 'colour': unknown field"),
         (
             {"name": "a", "argv": ["x"], "not_before": "2026-01-01T00:00:00"},

@@ -7,8 +7,8 @@ delay tolerance, then priority, highest first). K is shared among the tenants wi
 weight (weighted fair queuing: the next place goes to the tenant with the fewest places per unit of
 weight, counting what it already holds), never beyond a tenant's cap on tasks queued, claimed or
 running at once; a tenant that cannot use its share leaves it to the others. Within a tenant, rank
-order. A task that fits no live worker (cpu, memory, gpu) is not promoted: it would only wait in the
-queue.
+order. A task that fits no live worker (cpu, memory, gpu, and the worker labels it needs) is not
+promoted: it would only wait in the queue.
 
 Each promoted task is routed to a queue lane (`route`). Every worker reads the default lane and may
 read more; a task in a lane is claimed by whichever of the lane's workers holds its partition there, so
@@ -38,6 +38,7 @@ class Offer:
     memory_mb: int
     gpus: int
     lanes: tuple[str, ...] = (DEFAULT_LANE,)  # the queue lanes it reads
+    labels: tuple[tuple[str, str], ...] = ()  # (key, value) pairs it advertises
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,11 @@ class Candidate:
     cpu: float = 1.0
     memory_mb: int = 256
     gpu: int = 0
+    labels: tuple[tuple[str, str], ...] = ()  # worker labels it needs
 
     def fits(self, offer: Offer) -> bool:
-        return self.cpu <= offer.cpus and self.memory_mb <= offer.memory_mb and self.gpu <= offer.gpus
+        return (self.cpu <= offer.cpus and self.memory_mb <= offer.memory_mb and self.gpu <= offer.gpus
+                and all(pair in offer.labels for pair in self.labels))  # fmt: skip
 
 
 def room(offers: Iterable[Offer], batch_ahead: int, occupied: int) -> int:

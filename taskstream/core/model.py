@@ -44,6 +44,8 @@ class Resources:
     cpu: float = 1.0  # cores
     memory_mb: int = 256
     gpu: int = 0
+    # worker labels it needs, (key, value) sorted by key: it runs only on a worker advertising each
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

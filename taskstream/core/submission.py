@@ -201,13 +201,17 @@ def _task_from(raw: Any, index: int, defaults: dict[str, Any], tenant: str, col:
     res = merged.get("resources") or {}
     resources = Resources()
     if not isinstance(res, dict):
-        col.err(label, "resources", "must be a mapping with cpu, memory_mb, gpu")
+        col.err(label, "resources", "must be a mapping with cpu, memory_mb, gpu, labels")
     else:
-        for k in set(res) - {"cpu", "memory_mb", "gpu"}:
-            col.err(label, f"resources.{k}", "unknown field (known: cpu, memory_mb, gpu)")
+        for k in set(res) - {"cpu", "memory_mb", "gpu", "labels"}:
+            col.err(label, f"resources.{k}", "unknown field (known: cpu, memory_mb, gpu, labels)")
+        needs = tuple(sorted(_str_map(res.get("labels"), label, "resources.labels", col).items()))
         try:
             resources = Resources(
-                cpu=float(res.get("cpu", 1.0)), memory_mb=int(res.get("memory_mb", 256)), gpu=int(res.get("gpu", 0))
+                cpu=float(res.get("cpu", 1.0)),
+                memory_mb=int(res.get("memory_mb", 256)),
+                gpu=int(res.get("gpu", 0)),
+                labels=needs,
             )
         except (TypeError, ValueError) as exc:
             col.err(label, "resources", f"cpu must be a number, memory_mb and gpu integers ({exc})")
@@ -402,6 +406,14 @@ def check_spec(spec: TaskSpec) -> list[FieldError]:
         errs.append(FieldError(t, "resources.memory_mb", f"must be > 0 and <= 16 TiB, got {r.memory_mb}"))
     if not (0 <= r.gpu <= 64):
         errs.append(FieldError(t, "resources.gpu", f"must be between 0 and 64, got {r.gpu}"))
+    if len(r.labels) > MAX_LABELS:
+        errs.append(FieldError(t, "resources.labels", f"has {len(r.labels)}, the limit is {MAX_LABELS}"))
+    for k, v in r.labels:
+        if not k.strip() or "=" in k or "," in k + v or k != k.strip() or v != v.strip():
+            errs.append(FieldError(t, f"resources.labels.{k}", "must be a worker label as workers advertise them "
+                                   "(key=value): a key not empty and without '=', neither with ',' or spaces at "
+                                   "either end"))  # fmt: skip
+        _check_text(t, f"resources.labels.{k}", v, errs)
     if not (0 < spec.execution_cap_ms <= MAX_EXECUTION_CAP_MS):
         errs.append(
             FieldError(t, "execution_cap_s", f"must be > 0 and at most 7 days, got {spec.execution_cap_ms / 1000}s")

@@ -40,7 +40,7 @@ from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
 from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, InOrderAcks, Reports
 
-from taskstream.settings import Settings, lanes_of, worker_labels
+from taskstream.settings import Settings, lanes_of
 
 log = logging.getLogger(__name__)
 TIMER_RESEND_MS = 5_000
@@ -129,13 +129,12 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     in_order = InOrderAcks()
     workers_topic = s.topic("workers")
     capacity = Capacity.of(s)  # what this worker offers, and what its tasks take of it
-    labels = worker_labels(s.worker_labels)
     lanes = lanes_of(s)  # the default lane (the executor agent below), then the others (streams/lanes.py)
-    reading = {lanes[0]}  # the lanes advertised: another once its topic exists and its reader has joined
+    reading = {lanes[0]}  # the lanes advertised: another once its topic exists and its reader has subscribed
 
     async def advertised(stopping: bool = False) -> None:
         offer = capacity.offer(worker_id, s.claim_ahead, tuple(x for x in lanes if x in reading))
-        ad = advert(offer, labels, capacity.claims, stopping, ctx().now_ms())
+        ad = advert(offer, capacity.claims, stopping, ctx().now_ms())
         await (await app.producer.send(workers_topic, worker_id.encode(), ad, 0, None, None))
 
     @app.task

@@ -29,7 +29,6 @@ from typing import Any
 import psycopg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from taskstream.connectors.kafka import ensure_lane_topics
 from taskstream.projections.pg import BATCHER_CHANNEL
 from taskstream.schemas import records as r
 from taskstream.streams.context import Context
@@ -63,7 +62,6 @@ class Batcher:
         # task id -> (tenant, lane, when sent), not yet seen queued
         self.promoted: dict[str, tuple[str, str, float]] = {}
         self.too_big: OrderedDict[str, None] = OrderedDict()
-        self.lane_topics = {ctx.settings.lane}  # lanes whose queue topic is known to exist
         self.rounds = 0
 
     async def run(self) -> None:
@@ -147,16 +145,6 @@ class Batcher:
         queued."""
         at = self.ctx.now_ms()
         lanes = lanes or [self.ctx.settings.lane] * len(chosen)
-        if new := set(lanes) - self.lane_topics:
-            # made sure of before a task's owner sends to it: a producer that asks for a topic not there
-            # yet waits for it, and the owner's decisions with it
-            try:
-                await asyncio.to_thread(ensure_lane_topics, self.ctx.settings, sorted(new))
-                self.lane_topics |= new
-            except Exception as exc:  # their tasks go to the default lane this round, which every worker reads
-                log.warning("batcher: cannot make sure lanes %s exist (%s); promoting to %s instead",
-                            sorted(new), exc, self.ctx.settings.lane)  # fmt: skip
-                lanes = [self.ctx.settings.lane if x in new else x for x in lanes]
         recs = [self.ctx.input(c.task_id, at, r.Promote(lane), f"{c.task_id}:promote:{at}")
                 for c, lane in zip(chosen, lanes, strict=True)]  # fmt: skip
         await self.ctx.send_all(self.ctx.inputs_packed(recs))
@@ -205,10 +193,12 @@ async def _news(conn: psycopg.AsyncConnection[Any], timeout_s: float) -> None:
 # -- what workers offer: JSON on the `workers` topic (one partition, kept an hour) -------------------
 
 
-def advert(offer: Offer, labels: dict[str, str], claims: int, stopping: bool, at_ms: int) -> bytes:
-    """A worker's advertisement: what it offers, its labels, the claims it holds, whether it is stopping."""
+def advert(offer: Offer, claims: int, stopping: bool, at_ms: int) -> bytes:
+    """A worker's advertisement: what it offers (its lanes and labels too), the claims it holds, whether
+    it is stopping."""
     body = {"worker": offer.worker, "slots": offer.slots, "claim_ahead": offer.claim_ahead, "cpus": offer.cpus,
-            "memory_mb": offer.memory_mb, "gpus": offer.gpus, "lanes": list(offer.lanes), "labels": labels,
+            "memory_mb": offer.memory_mb, "gpus": offer.gpus, "lanes": list(offer.lanes),
+            "labels": dict(offer.labels),
             "claims": claims, "stopping": stopping, "at_ms": at_ms}  # fmt: skip
     return json.dumps(body, sort_keys=True).encode()
 

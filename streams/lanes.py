@@ -46,12 +46,13 @@ class LaneReader:
         self, ctx: Context, lane: str, handle: Handle, claimers: int, on_ready: Callable[[], None] = lambda: None
     ) -> None:
         self.ctx = ctx
-        self.on_ready = on_ready  # called once the lane's topic exists and its group is joined
+        self.on_ready = on_ready  # called once the lane's topic exists and the reader has subscribed to it
         self.lane = lane
         self.handle = handle
         self.claimers = claimers
         self.acks = InOrderAcks()
         self.consumer: AIOKafkaConsumer | None = None
+        self.dead: set[asyncio.Task[None]] = set()  # dead-lettering under way (kept till done)
 
     async def run(self) -> None:
         s = self.ctx.settings
@@ -103,7 +104,9 @@ class LaneReader:
             tasks = r.queued_tasks(self.ctx.codec.decode("queued", m.value))
         except DecodeError as err:
             generation = self.acks.taken(tp, m.offset, m)
-            asyncio.ensure_future(self._dead(tp, m, generation, err.reason))
+            task = asyncio.ensure_future(self._dead(tp, m, generation, err.reason))
+            self.dead.add(task)
+            task.add_done_callback(self.dead.discard)
             return
         generation = self.acks.taken(tp, m.offset, m, len(tasks))
         for qt in tasks:

@@ -251,7 +251,7 @@ class Capacity:
                                 (res.gpu, self.gpus, "gpus")):  # fmt: skip
             if need > has:
                 return f"it needs {need:g} {what} and this worker offers {has:g}"
-        for key, value in getattr(res, "labels", ()):
+        for key, value in res.labels:
             if self.labels.get(key) != value:
                 return f"it needs the worker label {key}={value} and this worker has {key}={self.labels.get(key)}"
         return None

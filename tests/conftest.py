@@ -35,10 +35,21 @@ hypothesis_settings.load_profile("shared-machine")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: each socket is held until all are chosen (one at a time, the kernel gave
+    the same port twice, and a stack's broker and PostgreSQL were set on one port)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 KINDS = {
@@ -50,7 +61,7 @@ PORTS = ("KAFKA", "KAFKA_CONTROLLER", "REGISTRY", "POSTGRES", "GRAPH", "NEO4J")
 
 def stack_env(state_dir: Path, kind: str = "kafka") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKSTREAM_")}
-    env.update({f"TASKSTREAM_{name}_PORT": str(free_port()) for name in PORTS})
+    env.update({f"TASKSTREAM_{name}_PORT": str(port) for name, port in zip(PORTS, free_ports(len(PORTS)), strict=True)})
     env["TASKSTREAM_STATE_DIR"] = str(state_dir)
     env.update(KINDS[kind])
     return env

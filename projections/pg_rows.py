@@ -170,6 +170,8 @@ def _changes(
             return {"reason": why}, None, (cid, {"ended_at": at, "outcome": "LEASE_EXPIRED", "reason": why})
         case e.TaskReleased(claim_id=cid, reason=why):
             return {"reason": why}, None, (cid, {"ended_at": at, "outcome": "RELEASED", "reason": why})
+        case e.TaskLimitExceeded(reason=why):
+            return {"reason": f"being killed: {why}"}, None, None
         case e.TaskHeartbeat() | e.ClaimRejected() | e.CompletionRejected():
             return {}, None, None
     raise TypeError(f"no projection for {type(p).__name__}")

@@ -287,6 +287,17 @@ class Promote:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitExceeded:
+    """From a resource manager node (streams/resources.py): the claim's run is over a limit; the task's
+    owner records it (TaskLimitExceeded) and the claim's worker kills the run."""
+
+    claim_id: str
+    limit: str
+    reason: str
+    watcher: str
+
+
+@dataclass(frozen=True, slots=True)
 class Inputs:
     """Several inputs of one partition in one record, in order: what one worker sent at the same moment
     (claims, reports, heartbeats of its tasks). Members are never packs themselves."""
@@ -308,6 +319,7 @@ InputBody = (
     | ReleaseClaim
     | Schedule
     | Promote
+    | LimitExceeded
 )
 
 
@@ -388,5 +400,6 @@ INPUT_BODIES: dict[str, type] = {
         ReleaseClaim,
         Schedule,
         Promote,
+        LimitExceeded,
     )
 }

@@ -4,7 +4,10 @@
 - executor: queue -> claim, run, report (streams/worker.py)
 - a timer that turns due retries and start times into inputs for the owning partition
 - batcher: on the group's leader, promotes the top K ready tasks to the queue (streams/batcher.py)
-- every worker advertises what it offers (JSON on the workers topic, every heartbeat_ms, and as it stops)
+- every worker advertises what it offers (JSON on the workers topic, every heartbeat_ms, and as it stops),
+  with its running tasks' memory and run time
+- every worker is a resource manager node: it watches its share of the workers' running tasks and orders
+  the kill of one over a limit (streams/resources.py)
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from taskstream.streams.batcher import Batcher, advert
 from taskstream.streams.context import Context
 from taskstream.streams.lanes import LaneReader
 from taskstream.streams.lifecycle import Lifecycle
+from taskstream.streams.resources import ResourceManager
 from taskstream.streams.runner import Runners
 from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
@@ -134,7 +138,8 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     async def advertised(stopping: bool = False) -> None:
         offer = capacity.offer(worker_id, s.claim_ahead, tuple(x for x in lanes if x in reading))
-        ad = advert(offer, capacity.claims, stopping, ctx().now_ms())
+        watching = [] if stopping or "rm" not in holder else holder["rm"].watching
+        ad = advert(offer, capacity.claims, stopping, ctx().now_ms(), running=capacity.runs(), watching=watching)
         await (await app.producer.send(workers_topic, worker_id.encode(), ad, 0, None, None))
 
     @app.task
@@ -149,6 +154,11 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(advertised(stopping=True), 2.0)
             raise
+
+    @app.task
+    async def resource_manager() -> None:
+        holder["rm"] = ResourceManager(ctx(), worker_id)
+        await holder["rm"].run()
 
     if s.batcher:
 

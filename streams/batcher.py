@@ -193,13 +193,14 @@ async def _news(conn: psycopg.AsyncConnection[Any], timeout_s: float) -> None:
 # -- what workers offer: JSON on the `workers` topic (one partition, kept an hour) -------------------
 
 
-def advert(offer: Offer, claims: int, stopping: bool, at_ms: int) -> bytes:
+def advert(offer: Offer, claims: int, stopping: bool, at_ms: int, **more: Any) -> bytes:
     """A worker's advertisement: what it offers (its lanes and labels too), the claims it holds, whether
-    it is stopping."""
+    it is stopping; `more`: what the resource manager reads and says (its running tasks, the workers it
+    watches, streams/resources.py)."""
     body = {"worker": offer.worker, "slots": offer.slots, "claim_ahead": offer.claim_ahead, "cpus": offer.cpus,
             "memory_mb": offer.memory_mb, "gpus": offer.gpus, "lanes": list(offer.lanes),
             "labels": dict(offer.labels),
-            "claims": claims, "stopping": stopping, "at_ms": at_ms}  # fmt: skip
+            "claims": claims, "stopping": stopping, "at_ms": at_ms, **more}  # fmt: skip
     return json.dumps(body, sort_keys=True).encode()
 
 
@@ -253,13 +254,16 @@ class Adverts:
                     age_s = max(0.0, now_ms - int(body.get("at_ms", now_ms))) / 1000 if m.offset < end else 0.0
                     self.latest[body["worker"]] = (body, mono - age_s)
 
-    def live(self) -> list[Offer]:
+    def heard(self) -> dict[str, dict[str, Any]]:
+        """worker -> its latest advertisement, for each worker heard within lease_ms (stopping or not)."""
         if self.follower is not None and self.follower.done():
             self.follower.result()  # what stopped it (the run loop starts again)
             raise KafkaError("the workers topic reader stopped")
         horizon = time.monotonic() - self.s.lease_ms / 1000
-        return [offer_of(b) for b, heard in self.latest.values() if heard > horizon and not b.get("stopping")
-                and int(b["slots"]) > 0]  # fmt: skip
+        return {w: b for w, (b, heard) in self.latest.items() if heard > horizon}
+
+    def live(self) -> list[Offer]:
+        return [offer_of(b) for b in self.heard().values() if not b.get("stopping") and int(b["slots"]) > 0]
 
     async def stop(self) -> None:
         if self.follower is not None:

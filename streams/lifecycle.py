@@ -318,6 +318,8 @@ class Lifecycle:
                 cmds.append(c.QueueTask(lane, at))
             case r.CancelRequest(reason=why):
                 cmds.append(c.CancelTask(why, at))
+            case r.LimitExceeded(claim_id=cid, limit=limit, reason=why, watcher=watcher):
+                cmds.append(c.EnforceLimit(cid, limit, why, watcher, at))
             case r.ReprioritizeRequest(priority=p):
                 cmds.append(c.ReprioritizeTask(p, at))
         await self._process(record, cmds, at, rand, sends, first)

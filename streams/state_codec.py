@@ -40,6 +40,7 @@ def dumps(rec: TaskRecord) -> bytes:
         "lease_expiries": s.lease_expiries,
         "cancelled_claim": s.cancelled_claim,
         "lane": s.lane,
+        "limited_claim": s.limited_claim,
     }
     return json.dumps(
         {
@@ -73,6 +74,7 @@ def loads(raw: bytes) -> TaskRecord:
         lease_expiries=int(d.get("lease_expiries", 0)),
         cancelled_claim=d.get("cancelled_claim"),
         lane=d.get("lane", "default"),
+        limited_claim=d.get("limited_claim"),
     )
     return TaskRecord(
         state,

@@ -9,7 +9,9 @@ leases kept alive while they wait for a slot), so a slot that frees starts its n
 claim's round trip. It reports the start (in the same record as the end, for a run shorter than
 START_REPORT_AFTER_S), then the exit status and a bounded tail of the output. A
 run over its execution cap is killed (SIGTERM to its process group, SIGKILL after a grace period) and
-reported as such; so is a run whose task is cancelled (the worker sees TaskCancelled on the log). Task
+reported as such; so is a run whose task is cancelled (the worker sees TaskCancelled on the log), and
+one the resource manager found over a limit (TaskLimitExceeded for its claim, streams/resources.py):
+each advertisement reports the running tasks' resident memory and run time for that. Task
 processes die with their worker (connectors/keeper.py). Told to stop, a worker gives its running tasks
 `drain_ms` to finish, then kills them and hands them back (ReleaseClaim).
 """
@@ -30,6 +32,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from taskstream.connectors.keeper import Keeper, die_with_parent
 from taskstream.schemas import records as r
@@ -49,7 +52,7 @@ HANDLED_CLAIMS_KEPT = 100_000  # claims a worker remembers, to skip a queue reco
 # task's start then goes in its finish report's record and is decided in the same step, at its own time.
 START_REPORT_AFTER_S = 0.05
 VERDICTS = (b"TaskClaimed", b"ClaimRejected")
-WATCHED = (*VERDICTS, b"TaskCancelled")
+WATCHED = (*VERDICTS, b"TaskCancelled", b"TaskLimitExceeded")
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
 
 
@@ -142,7 +145,9 @@ class ClaimWaiter:
         self.ctx = ctx
         self.worker_id = worker_id
         self.pending: dict[str, asyncio.Future[e.Event]] = {}
-        self.cancels: dict[str, asyncio.Future[str]] = {}  # task id -> the reason, once it is cancelled
+        # task id -> why its run is to be killed: it was cancelled, or its claim's run is over a limit
+        self.cancels: dict[str, asyncio.Future[str]] = {}
+        self.claims: dict[str, str] = {}  # task id -> the claim this worker won on it (while watched)
         self.ready = asyncio.Event()
         self.handled: OrderedDict[str, None] = OrderedDict()  # claim ids this worker has asked for
 
@@ -163,12 +168,17 @@ class ClaimWaiter:
         return fut
 
     def watch(self, task_id: str) -> asyncio.Future[str]:
-        """A future that gets the cancellation's reason if the task is cancelled while watched."""
+        """A future that gets why the run is to be killed, if the task is cancelled while watched or the
+        resource manager finds the run of its claim (`won`) over a limit."""
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.cancels[task_id] = fut
         return fut
 
+    def won(self, task_id: str, claim_id: str) -> None:
+        self.claims[task_id] = claim_id
+
     def unwatch(self, task_id: str) -> None:
+        self.claims.pop(task_id, None)
         fut = self.cancels.pop(task_id, None)
         if fut is not None and not fut.done():
             fut.cancel()
@@ -222,7 +232,11 @@ class ClaimWaiter:
         elif isinstance(p, e.TaskCancelled) and rec.task_id in self.cancels:
             told = self.cancels[rec.task_id]
             if not told.done():
-                told.set_result(p.reason)
+                told.set_result(f"cancelled ({p.reason})")
+        elif isinstance(p, e.TaskLimitExceeded) and self.claims.get(rec.task_id) == p.claim_id:
+            told = self.cancels[rec.task_id]
+            if not told.done():
+                told.set_result(f"{p.reason} (resource manager {p.watcher})")
 
 
 class Capacity:
@@ -238,6 +252,7 @@ class Capacity:
         self.used = [0, 0.0, 0, 0]  # slots, cpus, memory_mb, gpus
         self.claims = 0  # claims held, running or waiting for room (advertised)
         self.waiters: list[asyncio.Future[None]] = []
+        self.running: dict[str, _Running] = {}  # claim id -> its run, while it runs (advertised)
 
     @classmethod
     def of(cls, s: Any) -> Capacity:
@@ -280,9 +295,42 @@ class Capacity:
             if not fut.done():
                 fut.set_result(None)
 
+    def runs(self) -> list[dict[str, Any]]:
+        """The running tasks as advertised for the resource manager: each one's resident memory (its
+        process and all its descendants, now) and how long it has run by this worker's clock."""
+        now = time.monotonic()
+        return [
+            {"task": x.task_id, "claim": claim, "pid": x.pid, "ran_ms": int((now - x.started) * 1000),
+             "cap_ms": x.cap_ms, "memory_mb": x.memory_mb, "rss_mb": round(_resident_mb(x.pid), 1)}
+            for claim, x in list(self.running.items())
+        ]  # fmt: skip
+
     def offer(self, worker: str, claim_ahead: int, lanes: tuple[str, ...] = (DEFAULT_LANE,)) -> Offer:
         labels = tuple(sorted(self.labels.items()))
         return Offer(worker, self.slots, claim_ahead, self.cpus, self.memory_mb, self.gpus, lanes, labels)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Running:
+    task_id: str
+    pid: int
+    started: float  # monotonic
+    cap_ms: int
+    memory_mb: int
+
+
+def _resident_mb(pid: int) -> float:
+    """Resident memory of a process and its descendants, in MB (0 once it is gone)."""
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total / 2**20
 
 
 def _tail(buf: bytearray, limit: int) -> str:
@@ -361,6 +409,7 @@ class Executor:
         if isinstance(outcome, e.ClaimRejected):
             log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
             return
+        self.waiter.won(qt.task_id, claim_id)
         beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))  # from the claim on, not the start
         self.capacity.claims += 1
         try:
@@ -375,7 +424,7 @@ class Executor:
                 raise
             try:
                 if cancelled.done():  # cancelled between the claim and now: nothing to run
-                    why = f"cancelled before it started ({cancelled.result()})"
+                    why = f"{cancelled.result()}, before it started"
                     finish = r.FinishReport(claim_id, None, "", 0, why)
                     await self._report(qt.task_id, self.ctx.now_ms(), finish, f"{claim_id}:finish")
                     return
@@ -440,9 +489,12 @@ class Executor:
             return
         if self.keeper is not None and isinstance(run, _ProgramRun):
             self.keeper.watch(run.pid)
+        res = spec.resources
+        self.capacity.running[claim_id] = _Running(qt.task_id, run.pid, started, spec.execution_cap_ms, res.memory_mb)
         try:
             await self._supervise(qt, claim_id, run, started, cancelled)
         finally:
+            self.capacity.running.pop(claim_id, None)
             run.cleanup()  # nothing the task started outlives it
             if self.keeper is not None and isinstance(run, _ProgramRun):
                 self.keeper.forget(run.pid)
@@ -460,7 +512,7 @@ class Executor:
             if not ended.done():
                 ended.cancel()
                 if cancelled.done():
-                    reason = f"killed: cancelled ({cancelled.result()})"
+                    reason = f"killed: {cancelled.result()}"
                 else:
                     reason = f"killed: ran over its execution cap of {spec.execution_cap_ms / 1000:g}s"
                 await run.stop(grace)

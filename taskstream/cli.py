@@ -716,8 +716,9 @@ def workers(
     as_json: JsonOpt = False,
 ) -> None:
     """The scheduler workers heard from lately, as each last advertised itself (what the batcher
-    counts): slots, claim_ahead, cpus, memory, gpus, the queue lanes it reads, labels, claims held, and
-    whether it is live (heard within a lease, not stopping)."""
+    counts): slots, claim_ahead, cpus, memory, gpus, the queue lanes it reads, labels, claims held,
+    whether it is live (heard within a lease, not stopping), its running tasks (resident memory in all),
+    and which resource manager node watches it (the live worker that says so)."""
     from taskstream.connectors.ownership import latest_beats
 
     s = settings()
@@ -731,23 +732,35 @@ def workers(
         silent = max(0.0, now - float(b.get("at_ms", 0)))
         found.append({**b, "worker": name, "silent_ms": int(silent),
                       "live": silent < s.lease_ms and not b.get("stopping")})  # fmt: skip
+    for w in found:  # by the live nodes' own word (two for a moment while one takes over from another)
+        w["watched_by"] = sorted(
+            str(n["worker"]) for n in found if n["live"] and w["worker"] in (n.get("watching") or ())
+        )
+        w["running"] = [x for x in (w.get("running") or []) if isinstance(x, dict)]
     if as_json:
         print(json.dumps(found))
         return
     t = Table(title="workers")
     for col in ("worker", "live", "last heard", "slots", "ahead", "cpus", "memory", "gpus", "lanes", "labels",
-                "claims"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("worker", "live", "lanes", "labels") else "right")
+                "claims", "running", "watched by"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("worker", "live", "lanes", "labels", "watched by") else "right")
     for w in found:
         live = "[green]yes[/]" if w["live"] else ("[yellow]stopping[/]" if w.get("stopping") else "[red]no[/]")
         labels = ",".join(f"{k}={v}" for k, v in sorted((w.get("labels") or {}).items())) or "-"
         t.add_row(lit(w["worker"]), live, f"{w['silent_ms'] / 1000:.1f}s ago", str(w.get("slots")),
                   str(w.get("claim_ahead")), f"{w.get('cpus', 0):g}", f"{w.get('memory_mb', 0)} MB",
                   str(w.get("gpus")), lit(",".join(w.get("lanes") or [s.lane])), lit(labels),
-                  str(w.get("claims")))  # fmt: skip
+                  str(w.get("claims")), _running(w["running"]), lit(",".join(w["watched_by"]) or "-"))  # fmt: skip
     console.print(t)
     if not found:
         console.print(f"no worker advertised itself in the last {within:g}s")
+
+
+def _running(runs: list[dict[str, Any]]) -> str:
+    if not runs:
+        return "0"
+    resident = sum(float(x.get("rss_mb") or 0) for x in runs if isinstance(x.get("rss_mb"), int | float))
+    return f"{len(runs)} ({resident:.0f} MB)"
 
 
 # ---- queues ------------------------------------------------------------------------------------------

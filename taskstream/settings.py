@@ -98,6 +98,11 @@ class Settings:
     # A task's process group being stopped (cancelled, over its cap, drained) gets SIGTERM, then SIGKILL
     # this long after.
     kill_grace_ms: int = 5_000
+    # The resource manager (every worker is a node of it, taskstream/core/resources.py) orders the kill
+    # of a running task whose resident memory passes memory_limit_ratio times the memory it asked for
+    # (resources.memory_mb; 0 turns memory watching off), and of one its worker left running past its
+    # execution cap by more than kill_grace_ms and two heartbeats.
+    memory_limit_ratio: float = 2.0
     # Added to every clock reading of a worker (timers, reports, heartbeats): a skew injected to test
     # that clocks which disagree delay or advance a task's trigger and never run it twice. Leases stand
     # a skew between two workers of up to lease_ms + lease_grace_ms - heartbeat_ms (10 s by default).
@@ -231,6 +236,11 @@ def _timing_problems(s: Settings) -> list[str]:
         out.append(
             f"TASKSTREAM_HEARTBEAT_MS={s.heartbeat_ms} must be above 0 and below TASKSTREAM_LEASE_MS={s.lease_ms}:"
             " heartbeats are what keep a lease alive"
+        )
+    if s.memory_limit_ratio != 0 and s.memory_limit_ratio < 1:
+        out.append(
+            f"TASKSTREAM_MEMORY_LIMIT_RATIO={s.memory_limit_ratio:g} must be 0 (memory not watched) or at least 1:"
+            " below 1 a task would be killed for using the memory it asked for"
         )
     for name in ("lease_grace_ms", "drain_ms", "kill_grace_ms"):
         if getattr(s, name) < 0:

@@ -171,12 +171,36 @@ def test_setting_tenants_is_a_compatible_change_of_the_command_and_event_schemas
         new = json.loads(schema_text(env))
         old = json.loads(json.dumps(new))
         union = next(f for f in old["fields"] if f["name"] == field_name)
-        last = union["type"][-1]
-        assert last["name"] == branch
-        union["type"] = union["type"][:-1]
+        names = [(t["name"] if isinstance(t, dict) else t).split(".")[-1] for t in union["type"]]
+        at = names.index(branch.split(".")[-1])
+        assert at >= len(names) - 2, names  # the last branch (of events, the one before TaskLimitExceeded)
+        union["type"] = union["type"][:at]
         for version in (old, new):
             registry.register_schema(subject, Schema(json.dumps(version), "AVRO"))
         assert registry.get_latest_version(subject).version == 2
+
+
+def test_a_limit_exceeded_event_is_a_compatible_change_and_round_trips_alone_and_packed(
+    registry: SchemaRegistryClient,
+) -> None:
+    """TaskLimitExceeded was added as the events union's last branch (and the packed events' last): the
+    registry takes the schema after the one without it (BACKWARD), and the event round-trips."""
+    new = json.loads(schema_text("event"))
+    old = json.loads(json.dumps(new))
+    union = next(f for f in old["fields"] if f["name"] == "payload")["type"]
+    assert union.pop() == "io.taskstream.TaskLimitExceeded"
+    packed = next(b for b in union if isinstance(b, dict) and b["name"].endswith("TaskEvents"))
+    inner = packed["fields"][0]["type"]["items"]["fields"][-1]["type"]
+    assert inner[-1]["name"].endswith("TaskLimitExceeded")
+    inner.pop()
+    for version in (old, new):
+        registry.register_schema("x.events-value", Schema(json.dumps(version), "AVRO"))
+    assert registry.get_latest_version("x.events-value").version == 2
+    codec = Codec({"event": 3}, lambda sid: pytest.fail("no lookup expected"))
+    ev = e.TaskLimitExceeded("c1", "node-w1", "node-w2", "memory", "over its memory limit")
+    for payload in (ev, r.TaskEvents((r.PackedEvent("t", "s", 7, 9, ev),))):
+        rec = r.EventRecord("t:7", "t", "s", 7, 9, "node-w0", payload)  # type: ignore[arg-type]
+        assert codec.decode("event", codec.encode(rec)) == rec
 
 
 def test_the_queue_record_standing_for_several_tasks_is_a_compatible_change_and_old_records_read_alone(
@@ -238,32 +262,35 @@ def test_inputs_packed_in_one_record_round_trip_and_the_input_schema_change_is_c
     registry: SchemaRegistryClient,
 ) -> None:
     """TaskInput gained a body that packs several inputs (Inputs, the union's last branch, so the earlier
-    branches keep their indexes) and FinishReport its started_ms and pid: the registry takes the new
-    schema after the one before it (BACKWARD), and a pack round-trips to the same inputs in order."""
+    branches keep their indexes), then Schedule, Promote and LimitExceeded, and FinishReport its
+    started_ms and pid: the registry takes each schema after the one before it (BACKWARD), and a pack
+    round-trips to the same inputs in order."""
     new = json.loads(schema_text("input"))
     old = json.loads(schema_text("input"))
     union = old["fields"][4]["type"]
-    old["fields"][4]["type"] = [b for b in union if not b["name"].endswith(("Inputs", "Schedule", "Promote"))]
+    added = ["Inputs", "Schedule", "Promote", "LimitExceeded"]
+    old["fields"][4]["type"] = [b for b in union if b["name"].split(".")[-1] not in added]
     finish = next(b for b in old["fields"][4]["type"] if b["name"].endswith("FinishReport"))
     finish["fields"] = [f for f in finish["fields"] if f["name"] not in ("started_ms", "pid")]
-    # Inputs, then Schedule, then Promote were added last, so the earlier branches keep their indexes
+    # each added last, in this order, so the earlier branches keep their indexes
     names = [b["name"] for b in new["fields"][4]["type"]]
-    assert names[-3:] == ["io.taskstream.Inputs", "io.taskstream.Schedule", "io.taskstream.Promote"]
-    assert names[:-3] == [b["name"] for b in old["fields"][4]["type"]]
+    assert names[-len(added) :] == [f"io.taskstream.{n}" for n in added]
+    assert names[: -len(added)] == [b["name"] for b in old["fields"][4]["type"]]
     steps = [old]
-    for drop in (2, 1, 0):  # with Inputs, with Schedule, with Promote
+    for drop in range(len(added) - 1, -1, -1):  # with Inputs, then Schedule, Promote, LimitExceeded
         step = json.loads(json.dumps(new))
         step["fields"][4]["type"] = step["fields"][4]["type"][: len(names) - drop]
         steps.append(step)
     for version in steps:  # each schema the topic has had: BACKWARD at every step
         registry.register_schema("p.task-inputs-value", Schema(json.dumps(version), "AVRO"))
-    assert registry.get_latest_version("p.task-inputs-value").version == 4
+    assert registry.get_latest_version("p.task-inputs-value").version == len(added) + 1
     members = [
         r.InputRecord("i1", "t1", 5, "w", r.ClaimRequest(1, "w", "c1")),
         r.InputRecord("i2", "t2", 6, "w", r.FinishReport("c2", 0, "out", 3, "", started_ms=4, pid=9)),
         r.InputRecord("i3", "t1", 7, "w", r.Heartbeat("c1")),
     ]
     members.append(r.InputRecord("i4", "t3", 8, "batcher", r.Promote("default")))
+    members.append(r.InputRecord("i5", "t1", 9, "rm", r.LimitExceeded("c1", "memory", "over", "node-w2")))
     packed = r.pack_inputs(members, "w")
     codec = Codec({"input": 4}, lambda sid: pytest.fail("no lookup expected"))
     got = codec.decode("input", codec.encode(packed))

@@ -9,7 +9,9 @@ consumer group time out after 4 s (6 s on noida-db).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -387,3 +389,71 @@ def test_taskstream_worker_joins_the_stack_runs_tasks_in_its_slots_and_refuses_a
 
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(40) == 0
+
+
+HOG = """
+import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+grown = b"x" * (320 << 20)  # resident: 320 MB written
+print("grown", flush=True)
+time.sleep(120)
+"""
+
+
+def test_killing_the_node_that_watches_a_worker_hands_the_watching_on_and_an_over_limit_task_is_killed(
+    workerless: Stack, workers: Workers, tmp_path: Path
+) -> None:
+    """Three workers, each a resource manager node. A task asking for 64 MB that only worker 0 may run
+    (label role=hog; the batcher routes it to the lane only worker 0 reads) waits for a file, then holds
+    320 MB. The node watching worker 0 (never worker 0 itself) is SIGKILLed and not restarted; then the
+    file appears. The other node takes the watching over and orders the kill: from the log,
+    TaskLimitExceeded by that node, the attempt failed with the reason, no retry left so the task is
+    dead-lettered, and its process is gone. `taskstream workers` says who watches whom before and after."""
+    hogs = {"TASKSTREAM_WORKER_LABELS": "role=hog", "TASKSTREAM_WORKER_LANES": "hog"}  # its own lane: only it reads
+    procs = {0: workers.start(0, env=hogs), 1: workers.start(1), 2: workers.start(2)}
+    name_of = {f"-{p.pid}-w{i}": i for i, p in procs.items()}
+
+    def index(worker: str) -> int:
+        return next(i for tail, i in name_of.items() if worker.endswith(tail))
+
+    def watched(live: int) -> dict[int, list[int]] | None:
+        """Live worker -> the nodes that say they watch it, once there are `live` and each has one."""
+        rows = [w for w in json.loads(workerless.cli("workers", "--json").stdout) if w["live"]]
+        got = {index(w["worker"]): sorted(index(n) for n in w["watched_by"]) for w in rows}
+        return got if len(got) == live and all(len(v) == 1 for v in got.values()) else None
+
+    before = wait_until(lambda: watched(3), 60, "three live workers, each watched by one node")
+    (watcher,) = before[0]
+    assert watcher != 0 and all(i not in v for i, v in before.items()), before  # a node never watches itself
+    (survivor,) = {1, 2} - {watcher}
+
+    go = tmp_path / "go"
+    hog = {"name": "hog", "argv": [sys.executable, "-c", HOG, str(go)], "retry_limit": 0,
+           "resources": {"memory_mb": 64, "labels": {"role": "hog"}}}  # fmt: skip
+    sid, ids = submit(workerless, [hog])
+    tid = ids["hog"]
+    pid = wait_until(lambda: running_on(workerless, sid, procs[0]), 60, "the task running on worker 0")[0]
+    procs[watcher].send_signal(signal.SIGKILL)
+    procs[watcher].wait(10)
+    go.touch()  # it grows while its watcher is down
+    killed = time.monotonic()
+    wait_until(lambda: not alive(pid), 60, "the over-limit task's process to be killed", every=0.2)
+    print(f"\nthe task was killed {time.monotonic() - killed:.1f}s after it grew with its watcher dead")
+
+    def ended() -> list[r.EventRecord] | None:
+        evs = history(workerless, {tid})[tid]
+        return evs if any(isinstance(ev.payload, e.TaskDeadLettered) for ev in evs) else None
+
+    evs = wait_until(ended, 60, "the task dead-lettered")
+    (order,) = [ev.payload for ev in evs if isinstance(ev.payload, e.TaskLimitExceeded)]
+    assert order.limit == "memory" and index(order.watcher) == survivor and index(order.worker) == 0, order
+    limit = r"over its memory limit: (\d+) MB resident, the limit is 128 MB \(2 x the 64 MB it asked for\)"
+    grown = re.fullmatch(limit, order.reason)
+    assert grown and int(grown[1]) >= 320, order
+    (failed,) = [ev.payload for ev in evs if isinstance(ev.payload, e.TaskFailed)]
+    assert failed.reason.startswith("killed: over its memory limit") and failed.exit_code in (
+        -signal.SIGTERM, -signal.SIGKILL), failed  # fmt: skip
+    assert "grown" in failed.output_tail and not any(isinstance(ev.payload, e.TaskSucceeded) for ev in evs)
+    after = wait_until(lambda: watched(2), 30, "two live workers, each watched by the other")
+    assert after == {0: [survivor], survivor: [0]}, after

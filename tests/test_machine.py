@@ -170,6 +170,24 @@ def test_cancelling_a_running_task_records_how_its_killed_run_ended_and_nothing_
     assert given_([*READY, e.TaskCancelled("early")]).cancelled_claim is None
 
 
+def test_a_run_over_a_limit_is_ordered_killed_once_and_its_end_comes_from_its_worker() -> None:
+    """The resource manager's order is recorded once per claim (a second watcher's is refused); the task
+    stays running until its worker reports how the killed run ended, which fails the attempt as usual."""
+    order = c.EnforceLimit("claim-1", "memory", "over its memory limit", "node-b", 40)
+    out = decide(given_(RUNNING), order)
+    assert out == [e.TaskLimitExceeded("claim-1", "w1", "node-b", "memory", "over its memory limit")]
+    state = given_([*RUNNING, *out])
+    assert state.status is Status.RUNNING and state.limited_claim == "claim-1"
+    again = decide(state, replace(order, watcher="node-c"))
+    assert isinstance(again, Rejection) and "ordered already" in again.message
+    stale = decide(state, replace(order, claim_id="claim-0"))
+    assert isinstance(stale, Rejection) and "its claim is claim-1" in stale.message
+    assert isinstance(decide(given_(QUEUED), order), Rejection)  # nothing runs: nothing to kill
+    ended = decide(state, c.FinishTask("claim-1", -9, "", 30, "killed: over its memory limit", 50))
+    assert isinstance(ended, list) and ended[0] == e.TaskFailed("claim-1", -9, "", 30, "killed: over its memory limit")
+    assert isinstance(ended[1], e.TaskRetryScheduled)
+
+
 def test_a_stale_expiry_is_refused_and_expiries_past_the_limit_dead_letter() -> None:
     fresh = given_(EXPIRED + [e.TaskQueued(2, "default"), e.TaskClaimed(2, "w2", "claim-2")])
     assert isinstance(decide(fresh, c.ExpireLease("claim-1", 80, limit=3)), Rejection)  # an old timer
@@ -233,6 +251,14 @@ ALL_COMMANDS = st.one_of(
     st.builds(c.ReprioritizeTask, st.integers(-5, 5), st.integers(0, 100)),
     st.builds(c.ExpireLease, st.sampled_from(["c1", "c2"]), st.integers(0, 100), st.integers(0, 3)),
     st.builds(c.ReleaseTask, st.sampled_from(["c1", "c2"]), st.just("draining"), st.integers(0, 100)),
+    st.builds(
+        c.EnforceLimit,
+        st.sampled_from(["c1", "c2"]),
+        st.sampled_from(["memory", "execution_cap"]),
+        st.just("over"),
+        st.sampled_from(["n1", "n2"]),
+        st.integers(0, 100),
+    ),
 )
 
 

@@ -105,6 +105,18 @@ class ReleaseTask:
     at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class EnforceLimit:
+    """A resource manager node found the claim's run over a limit (taskstream/core/resources.py): its
+    worker is told to kill it. The run's end still comes from the worker, as a finish report."""
+
+    claim_id: str
+    limit: str
+    reason: str
+    watcher: str
+    at_ms: int
+
+
 Command = (
     SubmitTask
     | AdmitTask
@@ -119,4 +131,5 @@ Command = (
     | ReprioritizeTask
     | ExpireLease
     | ReleaseTask
+    | EnforceLimit
 )

@@ -139,6 +139,18 @@ class TaskReleased:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class TaskLimitExceeded:
+    """The resource manager node `watcher` found the run of the claim over a limit (memory, or its
+    execution cap with the run still going): its worker kills it, and reports how it ended."""
+
+    claim_id: str
+    worker: str
+    watcher: str
+    limit: str
+    reason: str
+
+
 Event = (
     TaskSubmitted
     | TaskAdmitted
@@ -159,6 +171,7 @@ Event = (
     | TaskDeadLettered
     | TaskLeaseExpired
     | TaskReleased
+    | TaskLimitExceeded
 )
 
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]

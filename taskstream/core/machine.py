@@ -32,6 +32,7 @@ TRANSITIONS: dict[type, frozenset[Status]] = {
     c.ReprioritizeTask: frozenset({S.SUBMITTED, S.WAITING, S.READY, S.RETRY_WAIT}),
     c.ExpireLease: frozenset({S.CLAIMED, S.RUNNING}),
     c.ReleaseTask: frozenset({S.CLAIMED, S.RUNNING}),
+    c.EnforceLimit: frozenset({S.CLAIMED, S.RUNNING}),
 }
 FENCED_KEPT = 8  # how many expired claims a task remembers (to refuse their late reports by name)
 
@@ -49,6 +50,7 @@ _VERBS: dict[type, str] = {
     c.ReprioritizeTask: "reprioritize",
     c.ExpireLease: "expire the lease of",
     c.ReleaseTask: "release",
+    c.EnforceLimit: "enforce a limit on",
 }
 
 
@@ -127,6 +129,12 @@ def decide(state: TaskState, command: c.Command, rand: float = 0.0) -> list[e.Ev
             if state.claim is None or state.claim.claim_id != cid:
                 return _reject(state, command, f"its claim is {state.claim.claim_id if state.claim else 'none'}")
             return [e.TaskReleased(cid, state.claim.worker, why), e.TaskReady(reason=f"released by its worker: {why}")]
+        case c.EnforceLimit(claim_id=cid, limit=limit, reason=why, watcher=watcher):
+            if state.claim is None or state.claim.claim_id != cid:
+                return _reject(state, command, f"its claim is {state.claim.claim_id if state.claim else 'none'}")
+            if state.limited_claim == cid:
+                return _reject(state, command, f"the kill of claim {cid} was ordered already")
+            return [e.TaskLimitExceeded(cid, state.claim.worker, watcher, limit, why)]
     raise TypeError(f"unknown command {command!r}")  # pragma: no cover
 
 
@@ -269,6 +277,11 @@ def _(ev: e.TaskLeaseExpired, s: TaskState) -> TaskState:
 @_apply.register
 def _(ev: e.TaskReleased, s: TaskState) -> TaskState:
     return replace(s, claim=None, fenced_claims=(*s.fenced_claims, ev.claim_id)[-FENCED_KEPT:], reason=ev.reason)
+
+
+@_apply.register
+def _(ev: e.TaskLimitExceeded, s: TaskState) -> TaskState:
+    return replace(s, limited_claim=ev.claim_id)
 
 
 @_apply.register(e.TaskTimedOut)

@@ -109,6 +109,7 @@ class TaskState:
     lease_expiries: int = 0
     cancelled_claim: str | None = None  # the claim it was running under when cancelled: its kill is recorded
     lane: str = "default"  # the queue lane of its current or last attempt
+    limited_claim: str | None = None  # the claim whose run the resource manager ordered killed
 
     @property
     def is_terminal(self) -> bool:

@@ -235,13 +235,13 @@ def decisions(stack: Stack, committed: bool = True) -> tuple[Counter[str], Count
     ("point", "split"),
     [
         ("before-write", False),
-        ("mid-write", False),
+        pytest.param("mid-write", False, marks=pytest.mark.kafka_only),
         ("before-commit", False),
-        ("after-commit", False),
+        pytest.param("after-commit", False, marks=pytest.mark.kafka_only),
         # decisions committed in a transaction of their own, the tasks in a second one (admit_batch)
-        ("after-decision", True),
+        pytest.param("after-decision", True, marks=pytest.mark.kafka_only),
         ("before-commit", True),
-    ],
+    ],  # on noida-db: a kill before any write, and before each kind of commit (its transactions differ)
 )
 def test_sigkill_inside_admission_then_the_survivor_takes_over(
     bare: Stack, workers: Workers, tmp_path: Path, point: str, split: bool

@@ -50,7 +50,9 @@ class ResourceManager:
     def step(self, heard: Mapping[str, Mapping[str, Any]], now: float) -> list[tuple[Any, str, Any]]:
         """The orders to send, given every worker's latest advertisement heard within lease_ms."""
         s = self.ctx.settings
-        nodes = {w for w, ad in heard.items() if not ad.get("stopping")} | {self.node}
+        nodes = {w for w, ad in heard.items() if not ad.get("stopping")}
+        if not heard.get(self.node, {}).get("stopping"):
+            nodes.add(self.node)  # a node counts itself before its first advert is read back
         self.watching = watched_by(self.node, nodes, set(heard) | {self.node})
         slack = s.kill_grace_ms + 2 * s.heartbeat_ms
         running: set[str] = set()

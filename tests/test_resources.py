@@ -58,3 +58,49 @@ def test_the_runs_of_an_advert_skip_malformed_entries_and_keep_the_rest() -> Non
     ad = {"worker": "w", "running": [good, {"task": "u"}, {**good, "pid": "x"}, None]}
     assert runs_of(ad) == [Run("t", "c", 3, 5, 9, 64, 12.5)]
     assert runs_of({"worker": "w"}) == [] and runs_of({"running": None}) == []
+
+
+class _Ctx:
+    """What ResourceManager.step uses of a Context: settings, a clock, input records, the inputs topic."""
+
+    def __init__(self) -> None:
+        from taskstream.settings import Settings
+
+        self.settings = Settings.from_env({}, lease_ms=3_000, heartbeat_ms=1_000, kill_grace_ms=1_000)
+        self.inputs = "inputs"
+
+    def now_ms(self) -> int:
+        return 1_000
+
+    def input(self, task_id: str, at_ms: int, body: object, input_id: str) -> tuple[str, object, str]:
+        return (task_id, body, input_id)
+
+
+def test_a_node_orders_each_over_limit_run_of_the_workers_it_watches_once_until_it_goes_on() -> None:
+    from taskstream.schemas import records as r
+    from taskstream.streams.resources import ResourceManager
+
+    fat = {"task": "t1", "claim": "c1", "pid": 5, "ran_ms": 10, "cap_ms": 60_000, "memory_mb": 10, "rss_mb": 99.0}
+    slim = {**fat, "task": "t2", "claim": "c2", "rss_mb": 5.0}
+    nodes = ["n1", "n2", "n3"]
+
+    def runs(n: str, *items: dict[str, object]) -> list[dict[str, object]]:  # claims are each worker's own
+        return [{**x, "task": f"{x['task']}-{n}", "claim": f"{x['claim']}-{n}"} for x in items]
+
+    heard = {n: {"worker": n, "running": runs(n, fat, slim)} for n in nodes}
+    rms = {n: ResourceManager(_Ctx(), n) for n in nodes}  # type: ignore[arg-type]
+    orders = {n: rm.step(heard, now=0.0) for n, rm in rms.items()}
+    assert sorted(w for rm in rms.values() for w in rm.watching) == nodes  # each worker watched once
+    for n, rm in rms.items():
+        assert n not in rm.watching and len(orders[n]) == len(rm.watching)  # only fat runs, only its own
+        for (_, task, (tid, body, _)), worker in zip(orders[n], rm.watching, strict=True):
+            assert task == tid == f"t1-{worker}" and isinstance(body, r.LimitExceeded) and body.watcher == n
+            assert body.limit == "memory" and body.claim_id == f"c1-{worker}"
+    rm = next(rm for rm in rms.values() if rm.watching)
+    assert rm.step(heard, now=1.0) == []  # ordered a moment ago: not again within a lease
+    assert len(rm.step(heard, now=4.0)) == len(rm.watching)  # still running a lease later: again
+    ended = {n: {"worker": n, "running": runs(n, slim)} for n in nodes}
+    assert rm.step(ended, now=5.0) == [] and rm.ordered == {}  # ended: forgotten
+    stopping = {**heard, rm.node: {**heard[rm.node], "stopping": True}}
+    gone = ResourceManager(_Ctx(), rm.node)  # type: ignore[arg-type]
+    assert gone.step(stopping, now=0.0) == [] and gone.watching == []  # a stopping node watches nothing

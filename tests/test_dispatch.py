@@ -395,8 +395,8 @@ HOG = """
 import os, sys, time
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.05)
+print("growing", flush=True)
 grown = b"x" * (320 << 20)  # resident: 320 MB written
-print("grown", flush=True)
 time.sleep(120)
 """
 
@@ -450,10 +450,10 @@ def test_killing_the_node_that_watches_a_worker_hands_the_watching_on_and_an_ove
     assert order.limit == "memory" and index(order.watcher) == survivor and index(order.worker) == 0, order
     limit = r"over its memory limit: (\d+) MB resident, the limit is 128 MB \(2 x the 64 MB it asked for\)"
     grown = re.fullmatch(limit, order.reason)
-    assert grown and int(grown[1]) >= 320, order
+    assert grown and int(grown[1]) > 128, order  # sampled while it grows: over the limit, not yet at 320
     (failed,) = [ev.payload for ev in evs if isinstance(ev.payload, e.TaskFailed)]
     assert failed.reason.startswith("killed: over its memory limit") and failed.exit_code in (
         -signal.SIGTERM, -signal.SIGKILL), failed  # fmt: skip
-    assert "grown" in failed.output_tail and not any(isinstance(ev.payload, e.TaskSucceeded) for ev in evs)
+    assert "growing" in failed.output_tail and not any(isinstance(ev.payload, e.TaskSucceeded) for ev in evs)
     after = wait_until(lambda: watched(2), 30, "two live workers, each watched by the other")
     assert after == {0: [survivor], survivor: [0]}, after

@@ -111,6 +111,7 @@ _STATUS_OF: dict[type, Status] = {
     e.TaskRetryScheduled: Status.RETRY_WAIT,
     e.TaskDeadLettered: Status.DEAD_LETTERED,
     e.TaskCancelled: Status.CANCELLED,
+    e.TaskUnqueued: Status.READY,
 }
 
 

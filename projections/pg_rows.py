@@ -172,6 +172,8 @@ def _changes(
             return {"reason": why}, None, (cid, {"ended_at": at, "outcome": "RELEASED", "reason": why})
         case e.TaskLimitExceeded(reason=why):
             return {"reason": f"being killed: {why}"}, None, None
+        case e.TaskUnqueued(attempt=n, reason=why):  # its ready time and deadline stay as they were
+            return {"status": "READY", "attempt": n - 1, "reason": why, "worker": None}, None, None
         case e.TaskHeartbeat() | e.ClaimRejected() | e.CompletionRejected():
             return {}, None, None
     raise TypeError(f"no projection for {type(p).__name__}")
@@ -244,7 +246,7 @@ def fold(records: Iterable[r.EventRecord]) -> PgWrites:
 # Events after which the batcher may promote more: a task became ready, or room was made.
 BATCHER_NEWS = frozenset({
     e.TaskReady, e.TaskQueued, e.TaskSucceeded, e.TaskFailed, e.TaskCancelled, e.TaskDeadLettered,
-    e.TaskLeaseExpired, e.TaskReleased, e.TaskRetryScheduled, e.TaskReprioritized,
+    e.TaskLeaseExpired, e.TaskReleased, e.TaskRetryScheduled, e.TaskReprioritized, e.TaskUnqueued,
 })  # fmt: skip
 
 

@@ -56,6 +56,9 @@ class _Batch:
         self.source: dict[bytes, Any] = {}  # key -> the message it came with (saved as that one's)
 
 
+_NO_TIMER = (e.TaskReady, e.TaskUnqueued, e.TaskCancelled, e.TaskSucceeded, e.TaskDeadLettered)  # timer cleared
+
+
 class Lifecycle:
     def __init__(
         self,
@@ -410,7 +413,7 @@ class Lifecycle:
                         )
                     if s.spec.dependencies and self._all_succeeded(record):
                         cmds.append(c.MarkReady("every prerequisite succeeded", at))
-                case e.TaskReady() if not self.ctx.settings.batcher:
+                case e.TaskReady() | e.TaskUnqueued() if not self.ctx.settings.batcher:
                     cmds.append(c.QueueTask(self.ctx.settings.lane, at))  # else it waits to be promoted
                 case e.TaskQueued(attempt=n, lane=lane):
                     assert s.spec is not None
@@ -468,7 +471,7 @@ class Lifecycle:
                 elif isinstance(ev, e.TaskClaimed):  # the lease starts with the claim
                     record.lease_until_ms = at + self.ctx.settings.lease_ms
                     timer = {"due": record.lease_until_ms + self.ctx.settings.lease_grace_ms, "purpose": "lease"}
-                elif isinstance(ev, e.TaskReady | e.TaskCancelled | e.TaskSucceeded | e.TaskDeadLettered):
+                elif isinstance(ev, _NO_TIMER):
                     timer = None
                     record.lease_until_ms = None
             record.state = state

@@ -162,6 +162,11 @@ class ClaimWaiter:
             self.handled.popitem(last=False)
         return True
 
+    def refused(self, claim_id: str) -> None:
+        """Forget a claim the owner refused: a later queue record of the same attempt (the task was taken
+        back from the queue and queued again, TaskUnqueued) may claim it again, and gets a verdict."""
+        self.handled.pop(claim_id, None)
+
     def expect(self, claim_id: str) -> asyncio.Future[e.Event]:
         fut: asyncio.Future[e.Event] = asyncio.get_running_loop().create_future()
         self.pending[claim_id] = fut
@@ -408,6 +413,7 @@ class Executor:
                                 qt.task_id, waited)  # fmt: skip
         if isinstance(outcome, e.ClaimRejected):
             log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
+            self.waiter.refused(claim_id)
             return
         self.waiter.won(qt.task_id, claim_id)
         beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))  # from the claim on, not the start

@@ -561,8 +561,8 @@ def reprioritize(
     priority: Annotated[int, typer.Argument(help="the new priority (higher runs first among ready tasks)")],
     timeout: Annotated[float, typer.Option(help="seconds to wait for the change to be recorded")] = 30.0,
 ) -> None:
-    """Change the priority of a task not yet queued. Exit status: 0 changed, 1 unknown, ended or already
-    queued, 2 not recorded in time."""
+    """Change the priority of a task not yet claimed (a queued one is taken back and ranked again). Exit
+    status: 0 changed, 1 unknown, ended, claimed or running, 2 not recorded in time."""
     from taskstream.sdk import REPRIORITIZABLE, Client, SubmitError
 
     s = settings()
@@ -578,7 +578,7 @@ def reprioritize(
     if after is None:
         fail(f"the new priority of task {task} was sent but not recorded within {timeout:.0f}s", 2)
     if after["priority"] != priority:
-        fail(f"task {task} was queued ({after['status'].lower()}) before the new priority reached it")
+        fail(f"task {task} was claimed ({after['status'].lower()}) before the new priority reached it")
     console.print(f"task {task} ({lit(before['name'])}): priority {before['priority']} -> {priority}")
 
 

@@ -217,14 +217,15 @@ class Client:
         return self._send(task_id, CancelTaskRequest(task_id, reason))
 
     def reprioritize(self, task_id: str, priority: int, *, check: bool = True) -> str:
-        """Ask the task's owner to change its priority, which orders it among the ready tasks until it is
-        queued. With `check`, a task unknown, ended or already queued raises TaskError instead."""
+        """Ask the task's owner to change its priority, which orders it among the ready tasks until a
+        worker claims it: a task queued but not yet claimed is taken back from the queue and ranked again
+        (TaskUnqueued). With `check`, a task unknown, ended, claimed or running raises TaskError instead."""
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TaskError(f"priority must be an integer, got {priority!r}")
         if check:
             st = self.task(task_id)["status"]
             if st not in REPRIORITIZABLE:
-                past = "has already ended" if st in TERMINAL else "is already queued for a worker"
+                past = "has already ended" if st in TERMINAL else "is already claimed by a worker"
                 raise TaskError(f"task {task_id} {past} ({st.lower()}); its priority no longer orders anything")
         return self._send(task_id, ReprioritizeTaskRequest(task_id, priority))
 

@@ -254,6 +254,46 @@ def test_a_waiting_task_reprioritized_goes_first_and_one_cancelled_is_never_queu
     assert peers and all(mine <= first(log[t], e.TaskQueued).event_ms for t in peers)  # type: ignore[union-attr]
 
 
+def test_a_queued_task_reprioritized_is_taken_back_and_ranked_again(small: Stack) -> None:
+    """One submission, so every task has the same deadline: K tasks of priority 10 that sleep (promoted
+    first: two run, one is claimed ahead, the rest queued), then 10 no-ops of priority 0. The tasks still
+    queued and unclaimed are reprioritized to -1: each is taken back (TaskUnqueued, READY again in the
+    read model), and queued again only after every no-op was (they now rank first); its stale queue
+    record, if claimed, is refused; it then runs once, as attempt 1 (the number given back)."""
+    tasks = [{"name": f"b{i}", "call": "time:sleep", "args": [3.0], "priority": 10, "resources": {"cpu": 0.5}}
+             for i in range(K)] + [{"name": f"n{i}", "call": "os:getpid"} for i in range(10)]  # fmt: skip
+    sid, ids = submit(small, tasks)
+    busy_ids = [ids[f"b{i}"] for i in range(K)]
+
+    def settled() -> list[str] | None:
+        """The sleepers queued and unclaimed, once the claimers (slots + claim_ahead) hold the others."""
+        got = statuses(small, busy_ids)
+        waiting = [t for t, st in got.items() if st == "QUEUED"]
+        return waiting if "READY" not in got.values() and len(waiting) == K - SLOTS - AHEAD else None
+
+    queued = wait_until(settled, 30, "the sleepers promoted, the claimers full")
+    with Client(small.settings) as client:
+        for t in queued:
+            client.reprioritize(t, -1)
+    wait_until(lambda: set(statuses(small, queued).values()) == {"READY"}, 30, "the reprioritized tasks ready again")
+    wait_until(lambda: all_succeeded(small, sid, len(tasks)), 120, "every task to succeed")
+    log = history(small, set(ids.values()))
+    noops_queued = [first(log[ids[f"n{i}"]], e.TaskQueued).event_ms for i in range(10)]  # type: ignore[union-attr]
+    for t in queued:
+        evs = log[t]
+        kinds = [type(ev.payload).__name__ for ev in evs]
+        assert kinds.count("TaskUnqueued") == 1 and kinds.count("TaskStarted") == 1, story(small, t)
+        (back,) = [ev for ev in evs if isinstance(ev.payload, e.TaskUnqueued)]
+        assert back.payload.attempt == 1 and "reprioritized from 10 to -1 while queued" in back.payload.reason
+        requeued = [ev for ev in evs if isinstance(ev.payload, e.TaskQueued) and ev.version > back.version]
+        assert len(requeued) == 1 and requeued[0].payload.attempt == 1, story(small, t)
+        assert requeued[0].event_ms >= max(noops_queued), story(small, t)  # ranked after the no-ops now
+        (claimed,) = [ev.payload for ev in evs if isinstance(ev.payload, e.TaskClaimed)]
+        assert claimed.attempt == 1
+        stale = [ev.payload for ev in evs if isinstance(ev.payload, e.ClaimRejected)]
+        assert all(x.reason == "task is ready" for x in stale), stale
+
+
 def test_no_worker_runs_more_than_its_cpus_and_a_task_none_fits_waits(small: Stack) -> None:
     """Tasks of mixed sizes on a worker offering 2 cpus: from the log, the cpus of the tasks running at
     any instant never add up to more than 2. A task needing 3 cpus is never promoted: it waits READY

@@ -173,34 +173,38 @@ def test_setting_tenants_is_a_compatible_change_of_the_command_and_event_schemas
         union = next(f for f in old["fields"] if f["name"] == field_name)
         names = [(t["name"] if isinstance(t, dict) else t).split(".")[-1] for t in union["type"]]
         at = names.index(branch.split(".")[-1])
-        assert at >= len(names) - 2, names  # the last branch (of events, the one before TaskLimitExceeded)
+        assert at >= len(names) - 3, names  # the last branch (of events, the one before TaskLimitExceeded)
         union["type"] = union["type"][:at]
         for version in (old, new):
             registry.register_schema(subject, Schema(json.dumps(version), "AVRO"))
         assert registry.get_latest_version(subject).version == 2
 
 
-def test_a_limit_exceeded_event_is_a_compatible_change_and_round_trips_alone_and_packed(
+def test_the_limit_exceeded_and_unqueued_events_are_a_compatible_change_and_round_trip_alone_and_packed(
     registry: SchemaRegistryClient,
 ) -> None:
-    """TaskLimitExceeded was added as the events union's last branch (and the packed events' last): the
-    registry takes the schema after the one without it (BACKWARD), and the event round-trips."""
+    """TaskLimitExceeded, then TaskUnqueued, were added as the events union's last branches (and the packed
+    events' last): the registry takes the schema after the one without them (BACKWARD), and each
+    round-trips alone and packed."""
     new = json.loads(schema_text("event"))
     old = json.loads(json.dumps(new))
     union = next(f for f in old["fields"] if f["name"] == "payload")["type"]
-    assert union.pop() == "io.taskstream.TaskLimitExceeded"
+    assert union[-2:] == ["io.taskstream.TaskLimitExceeded", "io.taskstream.TaskUnqueued"], union[-2:]
+    del union[-2:]
     packed = next(b for b in union if isinstance(b, dict) and b["name"].endswith("TaskEvents"))
     inner = packed["fields"][0]["type"]["items"]["fields"][-1]["type"]
-    assert inner[-1]["name"].endswith("TaskLimitExceeded")
-    inner.pop()
+    assert [b["name"].split(".")[-1] for b in inner[-2:]] == ["TaskLimitExceeded", "TaskUnqueued"]
+    del inner[-2:]
     for version in (old, new):
         registry.register_schema("x.events-value", Schema(json.dumps(version), "AVRO"))
     assert registry.get_latest_version("x.events-value").version == 2
     codec = Codec({"event": 3}, lambda sid: pytest.fail("no lookup expected"))
-    ev = e.TaskLimitExceeded("c1", "node-w1", "node-w2", "memory", "over its memory limit")
-    for payload in (ev, r.TaskEvents((r.PackedEvent("t", "s", 7, 9, ev),))):
-        rec = r.EventRecord("t:7", "t", "s", 7, 9, "node-w0", payload)  # type: ignore[arg-type]
-        assert codec.decode("event", codec.encode(rec)) == rec
+    limited = e.TaskLimitExceeded("c1", "node-w1", "node-w2", "memory", "over its memory limit")
+    unqueued = e.TaskUnqueued(3, "reprioritized from 0 to 5 while queued: ranked again")
+    for ev in (limited, unqueued):
+        for payload in (ev, r.TaskEvents((r.PackedEvent("t", "s", 7, 9, ev),))):
+            rec = r.EventRecord("t:7", "t", "s", 7, 9, "node-w0", payload)  # type: ignore[arg-type]
+            assert codec.decode("event", codec.encode(rec)) == rec
 
 
 def test_the_queue_record_standing_for_several_tasks_is_a_compatible_change_and_old_records_read_alone(

@@ -94,7 +94,7 @@ def test_second_failure_past_the_retry_limit_dead_letters() -> None:
             c.CancelTask("", 9),
             "cannot cancel task task-1: it is succeeded",
         ),
-        (QUEUED, c.ReprioritizeTask(3, 9), "cannot reprioritize task task-1: it is queued"),
+        (RUNNING, c.ReprioritizeTask(3, 9), "cannot reprioritize task task-1: it is running"),
         (CLAIMED, c.ClaimTask(1, "w1", "claim-1", 9), "cannot claim task task-1: it is claimed"),
         ([], c.AdmitTask("n", 9), "cannot admit task task-1: it is new"),
     ],
@@ -168,6 +168,27 @@ def test_cancelling_a_running_task_records_how_its_killed_run_ended_and_nothing_
     assert isinstance(decide(state, c.FinishTask("claim-0", 0, "", 1, "", 50)), Rejection)  # not its claim
     # a task cancelled before it was claimed has no run to kill
     assert given_([*READY, e.TaskCancelled("early")]).cancelled_claim is None
+
+
+def test_a_queued_task_reprioritized_is_taken_back_and_its_old_queue_record_is_refused() -> None:
+    """Reprioritizing a queued, unclaimed task takes it back (TaskUnqueued): ready again, the attempt's
+    number given back. A claim from the old queue record is refused while it is ready; queued again,
+    the attempt has the same number and either record's claim may win, once."""
+    out = decide(given_(QUEUED), c.ReprioritizeTask(5, 9))
+    assert out == [e.TaskReprioritized(0, 5), e.TaskUnqueued(1, "reprioritized from 0 to 5 while queued: ranked again")]
+    back = given_([*QUEUED, *out])
+    assert (back.status, back.priority, back.attempt) == (Status.READY, 5, 0)
+    stale = decide(back, c.ClaimTask(1, "w1", "claim-1", 10))
+    assert stale == [e.ClaimRejected(1, "w1", "claim-1", "task is ready")]
+    requeued = decide(back, c.QueueTask("default", 11))
+    assert requeued == [e.TaskQueued(1, "default")]
+    again = given_([*QUEUED, *out, *requeued])
+    won = decide(again, c.ClaimTask(1, "w2", "claim-2", 12))
+    assert won == [e.TaskClaimed(1, "w2", "claim-2")]
+    loser = decide(given_([*QUEUED, *out, *requeued, *won]), c.ClaimTask(1, "w1", "claim-1", 13))
+    assert loser == [e.ClaimRejected(1, "w1", "claim-1", "task is claimed")]
+    # the same priority again changes nothing, and it stays queued
+    assert decide(given_(QUEUED), c.ReprioritizeTask(0, 9)) == [e.TaskReprioritized(0, 0)]
 
 
 def test_a_run_over_a_limit_is_ordered_killed_once_and_its_end_comes_from_its_worker() -> None:

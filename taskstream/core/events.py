@@ -151,6 +151,17 @@ class TaskLimitExceeded:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class TaskUnqueued:
+    """A queued attempt nobody had claimed was taken back (the task was reprioritized while queued): the
+    task is ready again, ranked by its new priority and its deadline as before, and the attempt's number
+    is given back (the next queuing has it again). The queue record still out there is refused when it
+    is claimed, unless the task is queued again by then, when either record's claim may win."""
+
+    attempt: int
+    reason: str
+
+
 Event = (
     TaskSubmitted
     | TaskAdmitted
@@ -172,6 +183,7 @@ Event = (
     | TaskLeaseExpired
     | TaskReleased
     | TaskLimitExceeded
+    | TaskUnqueued
 )
 
 EVENT_TYPES: tuple[type, ...] = Event.__args__  # type: ignore[attr-defined]

@@ -29,7 +29,7 @@ TRANSITIONS: dict[type, frozenset[Status]] = {
     c.FinishTask: frozenset({S.CLAIMED, S.RUNNING}),
     c.RetryTask: frozenset({S.RETRY_WAIT}),
     c.CancelTask: _LIVE,
-    c.ReprioritizeTask: frozenset({S.SUBMITTED, S.WAITING, S.READY, S.RETRY_WAIT}),
+    c.ReprioritizeTask: frozenset({S.SUBMITTED, S.WAITING, S.READY, S.QUEUED, S.RETRY_WAIT}),
     c.ExpireLease: frozenset({S.CLAIMED, S.RUNNING}),
     c.ReleaseTask: frozenset({S.CLAIMED, S.RUNNING}),
     c.EnforceLimit: frozenset({S.CLAIMED, S.RUNNING}),
@@ -122,7 +122,11 @@ def decide(state: TaskState, command: c.Command, rand: float = 0.0) -> list[e.Ev
         case c.CancelTask(reason=reason):
             return [e.TaskCancelled(reason=reason)]
         case c.ReprioritizeTask(priority=p):
-            return [e.TaskReprioritized(old_priority=state.priority, new_priority=p)]
+            changed = e.TaskReprioritized(old_priority=state.priority, new_priority=p)
+            if state.status is S.QUEUED and p != state.priority:  # taken back, to be ranked again
+                why = f"reprioritized from {state.priority} to {p} while queued: ranked again"
+                return [changed, e.TaskUnqueued(attempt=state.attempt, reason=why)]
+            return [changed]
         case c.ExpireLease(claim_id=cid, limit=limit):
             return _expire(state, command, cid, limit)
         case c.ReleaseTask(claim_id=cid, reason=why):
@@ -282,6 +286,11 @@ def _(ev: e.TaskReleased, s: TaskState) -> TaskState:
 @_apply.register
 def _(ev: e.TaskLimitExceeded, s: TaskState) -> TaskState:
     return replace(s, limited_claim=ev.claim_id)
+
+
+@_apply.register
+def _(ev: e.TaskUnqueued, s: TaskState) -> TaskState:
+    return replace(s, status=S.READY, attempt=ev.attempt - 1, reason=ev.reason)
 
 
 @_apply.register(e.TaskTimedOut)

@@ -42,7 +42,7 @@ from taskstream.streams.resources import ResourceManager
 from taskstream.streams.runner import Runners
 from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
-from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, InOrderAcks, Reports
+from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, InOrderAcks, LocalClaims, Reports
 
 from taskstream.settings import Settings, lanes_of
 
@@ -102,6 +102,8 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
                 ctx(), tasks, timers, due_index, lambda m: as_current_event(m.event), tenure,
                 lambda m: m.event.message.tp in app.consumer.assignment(),
             )  # fmt: skip
+            if s.local_claims:
+                lifecycle_holder["l"].local = local
         return lifecycle_holder["l"]
 
     @app.agent(owned, name="lifecycle")
@@ -135,6 +137,16 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     capacity = Capacity.of(s)  # what this worker offers, and what its tasks take of it
     lanes = lanes_of(s)  # the default lane (the executor agent below), then the others (streams/lanes.py)
     reading = {lanes[0]}  # the lanes advertised: another once its topic exists and its reader has subscribed
+
+    # the tasks this worker's lifecycle claims for this worker as it queues them (streams/worker.py)
+    def local_executor() -> Executor | None:
+        if "w" not in waiter_holder:
+            return None  # not ready yet
+        if "local" not in waiter_holder:
+            waiter_holder["local"] = executor_for()
+        return waiter_holder["local"]  # type: ignore[no-any-return]
+
+    local = LocalClaims(worker_id, capacity, s.worker_slots + s.claim_ahead, lambda: reading, local_executor)
 
     async def advertised(stopping: bool = False) -> None:
         offer = capacity.offer(worker_id, s.claim_ahead, tuple(x for x in lanes if x in reading))
@@ -219,7 +231,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         finally:
             for c in claimers:
                 c.cancel()
-            await asyncio.gather(*claimers, return_exceptions=True)
+            await asyncio.gather(local.close(), *claimers, return_exceptions=True)
 
     def lane_reader(lane: str) -> Any:
         async def read_lane() -> None:

@@ -54,6 +54,7 @@ class _Batch:
         self.tasks: dict[bytes, bytes] = {}
         self.timers: dict[bytes, bytes | None] = {}
         self.source: dict[bytes, Any] = {}  # key -> the message it came with (saved as that one's)
+        self.handoffs: list[tuple[r.QueuedTask, str]] = []  # claimed in-process: run once written
 
 
 _NO_TIMER = (e.TaskReady, e.TaskUnqueued, e.TaskCancelled, e.TaskSucceeded, e.TaskDeadLettered)  # timer cleared
@@ -82,6 +83,10 @@ class Lifecycle:
         # whether its partition is still this worker's. Without them (tests), every write goes ahead.
         self.tenure = tenure
         self.holds = holds or (lambda _message: True)
+        # local: claims decided for this worker itself as tasks are queued (streams/worker.LocalClaims);
+        # None: every queued task goes to the queue
+        self.local: Any = None
+        self._handoffs: list[tuple[r.QueuedTask, str]] = []  # decided, not yet in a write
 
     def load(self, task_id: str) -> TaskRecord:
         raw = self._raw(task_id.encode())
@@ -106,11 +111,21 @@ class Lifecycle:
         return self.timers.get(key)  # type: ignore[no-any-return]
 
     async def _emit(self, sends: list[tuple[Any, str, Any]]) -> None:
-        """Write records: at once outside a batch, with the batch's other records inside one."""
+        """Write records: at once outside a batch, with the batch's other records inside one. The tasks
+        claimed in-process in what is written are handed over once it is durable."""
+        handoffs, self._handoffs = self._handoffs, []
         if self._batch is not None:
             self._batch.sends.extend(sends)
+            self._batch.handoffs.extend(handoffs)
         else:
             await self.ctx.send_all(sends)
+            for qt, cid in handoffs:
+                self.local.hand(qt, cid)
+
+    def _drop_handoffs(self, handoffs: list[tuple[r.QueuedTask, str]]) -> None:
+        """Claims decided in-process that are not written after all: their reservations go back."""
+        if handoffs:
+            self.local.release(len(handoffs))
 
     # -- inputs ----------------------------------------------------------------------------------------
     async def on_batch(self, messages: list[Any], events_topic: str, guard: Any) -> None:
@@ -127,16 +142,25 @@ class Lifecycle:
             for message in messages:
                 self._message = message
                 await guard(message, self.on_message(message, events_topic))
+                self._drop_handoffs(self._handoffs)  # of a message whose handling raised before its write
+                self._handoffs = []
         finally:
             self._batch = self._message = None
         if self.tenure is not None and await self.tenure.settled() != rebalances:
+            self._drop_handoffs(batch.handoffs)
             kept = [m for m in messages if self.holds(m)]
             log.info("a rebalance came before a batch was written: %d of %d input(s) decided again",
                      len(kept), len(messages))  # fmt: skip
             if kept:
                 await self.on_batch(kept, events_topic, guard)
             return
-        await self.ctx.send_all(self.ctx.packed(batch.sends))  # durable first (events packed) ...
+        try:
+            await self.ctx.send_all(self.ctx.packed(batch.sends))  # durable first (events packed) ...
+        except BaseException:
+            self._drop_handoffs(batch.handoffs)
+            raise
+        for qt, cid in batch.handoffs:  # claimed in-process: recorded, so run
+            self.local.hand(qt, cid)
         for key, raw in batch.tasks.items():  # ... then remembered
             with self.as_event(batch.source[key]):
                 self.tasks[key] = raw
@@ -418,7 +442,12 @@ class Lifecycle:
                 case e.TaskQueued(attempt=n, lane=lane):
                     assert s.spec is not None
                     queued = r.QueuedTask(s.task_id, n, lane, at, s.spec)
-                    sends.append((self.ctx.queue_for(lane), s.task_id, queued))
+                    cid = self.local.reserve(queued) if self.local is not None else None
+                    if cid is not None:  # this worker runs it: claimed in the same step, no queue record
+                        cmds.append(c.ClaimTask(n, self.local.worker_id, cid, at))
+                        self._handoffs.append((queued, cid))
+                    else:
+                        sends.append((self.ctx.queue_for(lane), s.task_id, queued))
         if s.status in TERMINAL and any(type(ev) in _ENDINGS for ev in new):
             sends.extend(self._ended_signal(s, dep, at) for dep in record.dependents)
         return cmds, sends
@@ -449,6 +478,12 @@ class Lifecycle:
             cmd = pending.popleft()
             before = record.state
             state, decided = run(before, cmd, rand)
+            if isinstance(cmd, c.ClaimTask) and not (
+                isinstance(decided, list) and any(isinstance(ev, e.TaskClaimed) for ev in decided)
+            ):  # a claim decided in-process that did not win (never expected): nothing runs on it
+                lost = [h for h in self._handoffs if h[1] == cmd.claim_id]
+                self._handoffs = [h for h in self._handoffs if h[1] != cmd.claim_id]
+                self._drop_handoffs(lost)
             if isinstance(decided, Rejection):
                 if (
                     isinstance(cmd, c.MarkReady)

@@ -244,6 +244,72 @@ class ClaimWaiter:
                 told.set_result(f"{p.reason} (resource manager {p.watcher})")
 
 
+class LocalClaims:
+    """Claims the task owner (this worker's lifecycle) decides for this worker itself, in the same step
+    that queues the task: no queue record, no claim request and no verdict to wait for (each of them a
+    record through the broker and through Faust's delivery). A task is claimed so only while this worker
+    is ready and not stopping, reads the task's lane, could run it at all, and holds fewer claims than
+    its slots and claim_ahead (those already handed over and those reserved in the batch being decided
+    included); any other is queued for every worker as before. The lifecycle reserves a claim while it
+    decides, and hands the task over once the batch that recorded the claim is durable (or releases the
+    reservation if the batch is not written). From then on the task is held as any won claim."""
+
+    def __init__(self, worker_id: str, capacity: Capacity, budget: int, lanes: Any, executor: Any) -> None:
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.budget = budget  # worker_slots + claim_ahead
+        self.lanes = lanes  # () -> the lanes this worker reads
+        self.executor = executor  # () -> an Executor, or None until the worker is ready
+        self.reserved = 0
+        self.closed = False
+        self.runs: set[asyncio.Task[None]] = set()
+
+    def reserve(self, qt: r.QueuedTask) -> str | None:
+        """The claim id to decide for this worker, or None: the task goes to the queue."""
+        if self.closed or self.capacity.claims + self.reserved >= self.budget or qt.lane not in self.lanes():
+            return None
+        if self.capacity.could_run(qt.spec.resources) is not None:
+            return None
+        executor = self.executor()
+        if executor is None or not executor.waiter.ready.is_set():
+            return None
+        self.reserved += 1
+        return claim_id_of(qt, self.worker_id)
+
+    def release(self, n: int) -> None:
+        self.reserved -= n
+
+    def hand(self, qt: r.QueuedTask, claim_id: str) -> None:
+        """The batch that recorded the claim is durable: run the task."""
+        self.reserved -= 1
+        executor = self.executor()
+        if self.closed or executor is None:  # stopping since: the lease brings it back (lease_ms + grace)
+            log.info("task %s claimed in-process as the worker stopped; its lease will expire", qt.task_id)
+            return
+        self.capacity.claims += 1
+        cancelled = executor.waiter.watch(qt.task_id)  # now, so a cancellation decided next is seen
+        run = asyncio.ensure_future(executor.run_claimed(qt, claim_id, cancelled))
+        self.runs.add(run)
+        run.add_done_callback(self._ended)
+
+    def _ended(self, run: asyncio.Task[None]) -> None:
+        self.runs.discard(run)
+        if not run.cancelled() and run.exception() is not None:
+            log.error("task run claimed in-process failed", exc_info=run.exception())
+
+    async def close(self) -> None:
+        """Stopping: claim no more, and stop the runs (each drains as a claimer's would)."""
+        self.closed = True
+        for run in list(self.runs):
+            run.cancel()
+        await asyncio.gather(*self.runs, return_exceptions=True)
+
+
+def claim_id_of(qt: r.QueuedTask, worker_id: str) -> str:
+    """A worker's claim on a task's attempt: the same id however often the attempt is queued."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{qt.task_id}/{qt.attempt}/{worker_id}"))
+
+
 class Capacity:
     """A worker's slots, cpus, memory and gpus, and what its running tasks take of them. `take` waits
     until a task's needs fit what is free (no worker is ever oversubscribed); `give` hands them back.
@@ -386,7 +452,7 @@ class Executor:
             self.waiter.unwatch(qt.task_id)
 
     async def _claim_and_run(self, qt: r.QueuedTask, cancelled: asyncio.Future[str]) -> None:
-        claim_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{qt.task_id}/{qt.attempt}/{self.worker_id}"))
+        claim_id = claim_id_of(qt, self.worker_id)
         if not self.waiter.first_time(claim_id):
             log.info("task %s attempt %d was queued again; this worker has claimed it already", qt.task_id, qt.attempt)
             return
@@ -415,9 +481,24 @@ class Executor:
             log.info("claim on %s attempt %d lost: %s", qt.task_id, qt.attempt, outcome.reason)
             self.waiter.refused(claim_id)
             return
+        self.capacity.claims += 1
+        await self.hold(qt, claim_id, cancelled)
+
+    async def run_claimed(self, qt: r.QueuedTask, claim_id: str, cancelled: asyncio.Future[str]) -> None:
+        """Run a task this worker's own lifecycle claimed for it (LocalClaims): the claim is in the log
+        already, so there is no request and no verdict to wait for. The caller counted the claim in
+        `capacity.claims` and watches the task (`cancelled`); both are undone here."""
+        self.waiter.first_time(claim_id)  # a queue record of this attempt, should one come, is skipped
+        try:
+            await self.hold(qt, claim_id, cancelled)
+        finally:
+            self.waiter.unwatch(qt.task_id)
+
+    async def hold(self, qt: r.QueuedTask, claim_id: str, cancelled: asyncio.Future[str]) -> None:
+        """Hold a won claim (counted in `capacity.claims`, uncounted here): heartbeats from now on, wait
+        for room, run, report."""
         self.waiter.won(qt.task_id, claim_id)
         beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))  # from the claim on, not the start
-        self.capacity.claims += 1
         try:
             try:
                 await self.capacity.take(qt.spec.resources)  # claimed ahead: wait for room

@@ -60,6 +60,10 @@ class Settings:
     # its next task at once instead of after a claim's round trip (Celery's prefetch). A task claimed
     # ahead is CLAIMED, its lease kept alive, until a slot takes it; a stopping worker hands it back.
     claim_ahead: int = 4
+    # 1: the owner of a task's partition claims it for its own worker as it queues it, while that worker
+    # has room (fewer claims than slots + claim_ahead, the task's lane, its resources): no queue record,
+    # claim request or verdict on the way (streams/worker.LocalClaims). 0: every task goes to the queue.
+    local_claims: int = 1
     # What a worker offers (advertised every heartbeat_ms, streams/worker.py): it runs a task only while
     # the task's cpu, memory_mb and gpu fit what its running tasks leave free. 0 cpus: one per slot;
     # 0 memory: the machine's. worker_labels: "k=v,k2=v2".
@@ -268,6 +272,8 @@ def _timing_problems(s: Settings) -> list[str]:
         worker_labels(s.worker_labels)
     except ValueError as exc:
         out.append(f"TASKSTREAM_WORKER_LABELS={s.worker_labels!r}: {exc}")
+    if s.local_claims not in (0, 1):
+        out.append(f"TASKSTREAM_LOCAL_CLAIMS={s.local_claims} must be 0 or 1")
     if s.batch_ahead < 0:
         out.append(f"TASKSTREAM_BATCH_AHEAD={s.batch_ahead} must not be negative")
     if s.batcher_interval_ms < 10:

@@ -277,3 +277,76 @@ def test_inputs_packed_in_one_record_are_decided_each_as_its_own_and_one_that_ra
         ("t3", "TaskClaimed"),
     ]
     assert loads(lc.tasks[b"t3"]).state.status is Status.CLAIMED
+
+
+class _Local:
+    """A LocalClaims stand-in: room for `room` claims; notes what is handed over and when."""
+
+    worker_id = "w-local"
+
+    def __init__(self, room: int, sent: list[Any]) -> None:
+        self.room, self.sent = room, sent
+        self.reserved = 0
+        self.handed: list[tuple[str, str, bool]] = []  # (task, claim, whether the batch was sent by then)
+
+    def reserve(self, qt: r.QueuedTask) -> str | None:
+        if self.reserved >= self.room:
+            return None
+        self.reserved += 1
+        return f"local-{qt.task_id}"
+
+    def release(self, n: int) -> None:
+        self.reserved -= n
+
+    def hand(self, qt: r.QueuedTask, claim_id: str) -> None:
+        self.reserved -= 1
+        self.handed.append((qt.task_id, claim_id, bool(self.sent)))
+
+
+def test_a_task_queued_while_its_own_worker_has_room_is_claimed_in_the_same_write_and_handed_over_after() -> None:
+    """Two READY tasks promoted in one batch, room for one local claim: the first is claimed for this
+    worker in the same write as its TaskQueued (no queue record) and handed over once that write was
+    sent; the second goes to the queue. A batch that a rebalance throws away hands nothing over and
+    gives its reservations back."""
+    import asyncio
+
+    sent: list[Any] = []
+    lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (tid, version, ev))
+    local = lc.local = _Local(1, sent)
+    spec = TaskSpec("t", "acme", ("true",))
+    for tid in ("t1", "t2"):
+        lc.tasks[tid.encode()] = dumps(TaskRecord(TaskState(tid, Status.READY, 3, spec, "s")))
+
+    def msg(offset: int, tid: str) -> Any:
+        value = r.InputRecord(f"i{offset}", tid, 100 + offset, "batcher", r.Promote("default"))
+        return SimpleNamespace(topic="inputs", partition=0, offset=offset, key=tid.encode(), value=value, headers={})
+
+    async def guard(message: Any, handling: Any) -> None:
+        await handling
+
+    asyncio.run(lc.on_batch([msg(1, "t1"), msg(2, "t2")], "events", guard))
+    assert len(sent) == 1
+    events = [(x[2][0], type(x[2][2]).__name__) for x in sent[0] if x[0] == "events"]
+    queued = [x[1] for x in sent[0] if x[0] == "queue:default"]
+    assert events == [("t1", "TaskQueued"), ("t1", "TaskClaimed"), ("t2", "TaskQueued")], events
+    assert queued == ["t2"]
+    claimed = next(x[2][2] for x in sent[0] if x[0] == "events" and type(x[2][2]).__name__ == "TaskClaimed")
+    assert (claimed.worker, claimed.claim_id, claimed.attempt) == ("w-local", "local-t1", 1)
+    assert local.handed == [("t1", "local-t1", True)] and local.reserved == 0
+    assert loads(lc.tasks[b"t1"]).state.status is Status.CLAIMED
+    assert loads(lc.tasks[b"t2"]).state.status is Status.QUEUED
+
+    # a rebalance between deciding and writing: nothing written, nothing handed over, the room given back
+    lc.tasks[b"t3"] = dumps(TaskRecord(TaskState("t3", Status.READY, 3, spec, "s")))
+    lc.tenure = SimpleNamespace(completed=0, settled=_settled_to(1))  # type: ignore[assignment]
+    lc.holds = lambda _m: False
+    before = len(sent)
+    asyncio.run(lc.on_batch([msg(3, "t3")], "events", guard))
+    assert len(sent) == before and local.handed == [("t1", "local-t1", True)] and local.reserved == 0
+
+
+def _settled_to(n: int) -> Any:
+    async def settled() -> int:
+        return n
+
+    return settled

@@ -1,7 +1,8 @@
 """The Faust application: one agent per scheduler component, each owning work through partitions.
 
 - lifecycle: events + task-inputs -> every later task event (streams/lifecycle.py)
-- executor: queue -> claim, run, report (streams/worker.py)
+- executor: queue -> claim, run, report (streams/worker.py); a task the lifecycle claimed for this
+  worker as it queued it (LocalClaims) is handed over in-process once that claim is durable
 - a timer that turns due retries and start times into inputs for the owning partition
 - batcher: on the group's leader, promotes the top K ready tasks to the queue (streams/batcher.py)
 - every worker advertises what it offers (JSON on the workers topic, every heartbeat_ms, and as it stops),
@@ -146,7 +147,12 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             waiter_holder["local"] = executor_for()
         return waiter_holder["local"]  # type: ignore[no-any-return]
 
-    local = LocalClaims(worker_id, capacity, s.worker_slots + s.claim_ahead, lambda: reading, local_executor)
+    def peers(lane: str) -> int:
+        """Other live workers reading `lane`, as this node's resource manager last heard (none yet: 0)."""
+        return holder["rm"].peers.get(lane, 0) if "rm" in holder else 0
+
+    room = s.worker_slots + s.claim_ahead
+    local = LocalClaims(worker_id, capacity, room, lambda: reading, local_executor, room + s.batch_ahead, peers)
 
     async def advertised(stopping: bool = False) -> None:
         offer = capacity.offer(worker_id, s.claim_ahead, tuple(x for x in lanes if x in reading))

@@ -22,6 +22,7 @@ from taskstream.schemas import records as r
 from taskstream.streams.batcher import Adverts
 from taskstream.streams.context import Context
 
+from taskstream.core.batcher import DEFAULT_LANE
 from taskstream.core.resources import Over, over_limits, runs_of, watched_by
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class ResourceManager:
         self.watching: list[str] = []  # advertised: the workers this node watches now
         self.ordered: dict[str, float] = {}  # claim id -> when its kill was last ordered (monotonic)
         self.sent = 0
+        self.peers: dict[str, int] = {}  # lane -> how many other live workers read it (LocalClaims' room)
 
     async def run(self) -> None:
         s = self.ctx.settings
@@ -51,6 +53,12 @@ class ResourceManager:
         """The orders to send, given every worker's latest advertisement heard within lease_ms."""
         s = self.ctx.settings
         nodes = {w for w, ad in heard.items() if not ad.get("stopping")}
+        peers: dict[str, int] = {}
+        for w in nodes - {self.node}:
+            lanes = heard[w].get("lanes")
+            for lane in lanes if isinstance(lanes, list) else [DEFAULT_LANE]:
+                peers[str(lane)] = peers.get(str(lane), 0) + 1
+        self.peers = peers
         if not heard.get(self.node, {}).get("stopping"):
             nodes.add(self.node)  # a node counts itself before its first advert is read back
         self.watching = watched_by(self.node, nodes, set(heard) | {self.node})

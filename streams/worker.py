@@ -1,7 +1,9 @@
 """The worker: claims queued tasks, runs their argv as a subprocess, and reports how they ended.
 
 A worker never runs a task on its own authority: it asks the task's owner for the claim (ClaimRequest
-on task-inputs) and runs only if the log says it won (TaskClaimed with its claim id). While it holds the
+on task-inputs) and runs only if the log says it won (TaskClaimed with its claim id); a task of a
+partition its own lifecycle owns may be claimed for it by that lifecycle as it is queued (LocalClaims),
+and runs once that claim is durable in the log. While it holds the
 claim it sends heartbeats, which keep the claim's lease alive; if they stop (the worker died), the
 owner expires the lease and the task runs again elsewhere, and anything this worker reports under that
 claim later is refused. A worker claims up to `claim_ahead` tasks beyond its free slots (their
@@ -250,14 +252,21 @@ class LocalClaims:
     record through the broker and through Faust's delivery). A task is claimed so only while this worker
     is ready and not stopping, reads the task's lane, could run it at all, and holds fewer claims than
     its slots and claim_ahead (those already handed over and those reserved in the batch being decided
-    included); any other is queued for every worker as before. The lifecycle reserves a claim while it
+    included), or than that plus batch_ahead while no other live worker reads the lane (`peers`, from
+    the advertisements: nobody else could take it from the queue); any other is queued for every worker
+    as before. The lifecycle reserves a claim while it
     decides, and hands the task over once the batch that recorded the claim is durable (or releases the
     reservation if the batch is not written). From then on the task is held as any won claim."""
 
-    def __init__(self, worker_id: str, capacity: Capacity, budget: int, lanes: Any, executor: Any) -> None:
+    def __init__(
+        self, worker_id: str, capacity: Capacity, budget: int, lanes: Any, executor: Any,
+        alone_budget: int | None = None, peers: Any = None,
+    ) -> None:  # fmt: skip
         self.worker_id = worker_id
         self.capacity = capacity
         self.budget = budget  # worker_slots + claim_ahead
+        self.alone_budget = budget if alone_budget is None else alone_budget  # + batch_ahead
+        self.peers = peers or (lambda _lane: 1)  # lane -> other live workers reading it
         self.lanes = lanes  # () -> the lanes this worker reads
         self.executor = executor  # () -> an Executor, or None until the worker is ready
         self.reserved = 0
@@ -266,7 +275,10 @@ class LocalClaims:
 
     def reserve(self, qt: r.QueuedTask) -> str | None:
         """The claim id to decide for this worker, or None: the task goes to the queue."""
-        if self.closed or self.capacity.claims + self.reserved >= self.budget or qt.lane not in self.lanes():
+        if self.closed or qt.lane not in self.lanes():
+            return None
+        budget = self.budget if self.peers(qt.lane) else self.alone_budget
+        if self.capacity.claims + self.reserved >= budget:
             return None
         if self.capacity.could_run(qt.spec.resources) is not None:
             return None

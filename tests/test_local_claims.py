@@ -53,3 +53,20 @@ def test_a_claim_is_reserved_only_with_room_a_lane_read_a_fit_and_a_ready_worker
         assert not local.runs and local.reserve(queued("e")) is None
 
     asyncio.run(go())
+
+
+def test_a_worker_alone_on_its_lane_claims_as_far_as_the_batcher_s_margin_and_shares_once_a_peer_is_live() -> None:
+    async def go() -> None:
+        cap = Capacity(slots=1, cpus=1.0, memory_mb=1024, gpus=0)
+        ex = _Executor()
+        ex.waiter.ready.set()
+        peers = {"default": 0}
+        local = LocalClaims("w1", cap, 2, lambda: {"default"}, lambda: ex, alone_budget=5, peers=peers.get)
+        got = [local.reserve(queued(f"t{i}")) for i in range(6)]
+        assert sum(x is not None for x in got) == 5  # nobody else reads the lane: up to the alone budget
+        local.release(5)
+        peers["default"] = 1  # another live worker reads it: the rest goes to the queue for both
+        got = [local.reserve(queued(f"u{i}")) for i in range(3)]
+        assert sum(x is not None for x in got) == 2
+
+    asyncio.run(go())

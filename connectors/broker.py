@@ -42,10 +42,12 @@ def of(settings: Settings) -> Broker:
     return NOIDA if settings.broker == "noida" else KAFKA
 
 
-def projection_linger(settings: Settings) -> float:
-    """How long a projection's small batch waits for more records (seconds). Not on noida-db, where a
-    consumer waiting in a fetch spins on the broker (connectors/noida.py)."""
-    return settings.projection_linger_ms / 1000 if of(settings) is KAFKA else 0.0
+def projection_linger(settings: Settings, name: str = "") -> float:
+    """How long a projection's small batch waits for more records (seconds): the graph's own setting,
+    the others' shared one. Not on noida-db, where a consumer waiting in a fetch spins on the broker
+    (connectors/noida.py)."""
+    ms = settings.graph_linger_ms if name == "graph" else settings.projection_linger_ms
+    return ms / 1000 if of(settings) is KAFKA else 0.0
 
 
 def consumer_config(settings: Settings) -> dict[str, Any]:

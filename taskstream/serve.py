@@ -49,7 +49,7 @@ def _run_projections(settings: Settings, runs: list[tuple[str, str, object, bool
     _stop_on_signals(stop)
     runners, threads = [], []
     for name, topic_key, projection, decode in runs:
-        linger = broker.projection_linger(settings)
+        linger = broker.projection_linger(settings, name)
         # with a linger, the broker too holds each fetch until it has a batch's worth or the linger is up:
         # one fetch per linger instead of one per event written
         held = {"fetch.min.bytes": 1 << 20, "fetch.wait.max.ms": int(linger * 1000)} if linger else {}

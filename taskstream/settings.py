@@ -121,6 +121,9 @@ class Settings:
     # A projection batch smaller than its maximum waits this long for more events (on Kafka): fewer,
     # larger PostgreSQL and Neo4j transactions, at the price of this much more projection lag.
     projection_linger_ms: int = 100
+    # The same for the graph projection, which nothing on the scheduling path reads (the batcher reads
+    # PostgreSQL): a longer wait folds more of a task's transitions into one status write in Neo4j.
+    graph_linger_ms: int = 500
     recheck_max_ms: int = 600_000
     # A Faust worker silent this long (its consumer-group session) loses its partitions to the others.
     worker_session_timeout_ms: int = 6000
@@ -272,6 +275,9 @@ def _timing_problems(s: Settings) -> list[str]:
         worker_labels(s.worker_labels)
     except ValueError as exc:
         out.append(f"TASKSTREAM_WORKER_LABELS={s.worker_labels!r}: {exc}")
+    for name in ("projection_linger_ms", "graph_linger_ms"):
+        if not 0 <= getattr(s, name) <= 60_000:
+            out.append(f"TASKSTREAM_{name.upper()}={getattr(s, name)} must be between 0 and 60000")
     if s.local_claims not in (0, 1):
         out.append(f"TASKSTREAM_LOCAL_CLAIMS={s.local_claims} must be 0 or 1")
     if s.batch_ahead < 0:

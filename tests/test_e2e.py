@@ -15,7 +15,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from taskstream.projections.graph_service import graph_queries
-from taskstream.schemas.records import PrerequisiteEnded, WatchPrerequisite, task_events
+from taskstream.schemas.records import ClaimRequest, PrerequisiteEnded, WatchPrerequisite, task_events
 
 from taskstream.core.submission import submission_id_for
 from tests.conftest import Stack, wait_until
@@ -219,6 +219,9 @@ def test_an_outside_program_submits_a_dag_that_runs_in_dependency_order(stack: S
     assert not [x for x in signals if isinstance(x.body, WatchPrerequisite)]
     ended = {(by_id[x.body.prerequisite], by_id[x.task_id]) for x in signals if isinstance(x.body, PrerequisiteEnded)}
     assert ended == {(d, n) for n, deps in DIAMOND.items() for d in deps}
+    # the stack's one worker owns every partition and reads the only lane: its lifecycle claimed each
+    # task for it as it queued it (LocalClaims), so no worker sent a claim request
+    assert not [x for x in signals if isinstance(x.body, ClaimRequest)]
 
 
 def inputs_about(stack: Stack, task_ids: set[str]) -> list[Any]:

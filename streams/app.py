@@ -128,10 +128,12 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             waiter_holder["runners"] = Runners(waiter_holder["keeper"])  # for callable tasks
             waiter_holder["capacity"] = capacity
             waiter_holder["reports"] = Reports(ctx())  # what the executors send together goes as one
-        return Executor(
+        ex = Executor(
             ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"],
             waiter_holder["capacity"], waiter_holder["reports"],
         )  # fmt: skip
+        ex.excess = lambda lane: capacity.claims > room and peers(lane) > 0  # a worker alone's extra claims
+        return ex
 
     in_order = InOrderAcks()
     workers_topic = s.topic("workers")

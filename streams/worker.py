@@ -53,6 +53,9 @@ HANDLED_CLAIMS_KEPT = 100_000  # claims a worker remembers, to skip a queue reco
 # A run's start is reported this long after it started, or with its end if that comes first: a short
 # task's start then goes in its finish report's record and is decided in the same step, at its own time.
 START_REPORT_AFTER_S = 0.05
+# A claim waiting for room looks this often whether it is one too many: held beyond slots + claim_ahead
+# (what a worker alone on its lane claims, LocalClaims) while another live worker reads its lane.
+GIVE_BACK_CHECK_S = 1.0
 VERDICTS = (b"TaskClaimed", b"ClaimRejected")
 WATCHED = (*VERDICTS, b"TaskCancelled", b"TaskLimitExceeded")
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
@@ -454,6 +457,8 @@ class Executor:
         # the worker's slots and resources, shared by its executors: more executors claim than run
         self.capacity = capacity if capacity is not None else Capacity.of(ctx.settings)
         self.work_root = ctx.settings.state_dir / "work"
+        # lane -> whether a claim waiting for room there is to be given back (see GIVE_BACK_CHECK_S)
+        self.excess: Any = lambda _lane: False
 
     async def handle(self, qt: r.QueuedTask) -> None:
         await self.waiter.ready.wait()
@@ -511,9 +516,18 @@ class Executor:
         for room, run, report."""
         self.waiter.won(qt.task_id, claim_id)
         beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))  # from the claim on, not the start
+        counted = True
         try:
             try:
-                await self.capacity.take(qt.spec.resources)  # claimed ahead: wait for room
+                if not await self._room(qt):  # claimed ahead: wait for room
+                    counted = False  # uncounted at once: the other claims waiting decide on the new count
+                    self.capacity.claims -= 1
+                    why = f"its worker {self.worker_id} held more claims than it has room for; another is live"
+                    await self._report(
+                        qt.task_id, self.ctx.now_ms(), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
+                    )
+                    log.info("gave task %s back: %s", qt.task_id, why)
+                    return
             except asyncio.CancelledError:  # the worker is stopping before it ran: hand it back
                 why = f"its worker {self.worker_id} stopped before a slot was free"
                 with contextlib.suppress(Exception):
@@ -531,8 +545,20 @@ class Executor:
             finally:
                 self.capacity.give(qt.spec.resources)
         finally:
-            self.capacity.claims -= 1
+            if counted:
+                self.capacity.claims -= 1
             beats.cancel()
+
+    async def _room(self, qt: r.QueuedTask) -> bool:
+        """Wait until the task fits (True), or until the claim is one too many (False: give it back, so
+        the worker that came meanwhile can run it)."""
+        while True:
+            try:
+                await asyncio.wait_for(self.capacity.take(qt.spec.resources), GIVE_BACK_CHECK_S)
+                return True
+            except TimeoutError:
+                if self.excess(qt.lane):
+                    return False
 
     async def _heartbeats(self, task_id: str, claim_id: str) -> None:
         """Keep the claim's lease alive while this worker holds it (every heartbeat_ms)."""

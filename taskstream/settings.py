@@ -122,8 +122,9 @@ class Settings:
     # larger PostgreSQL and Neo4j transactions, at the price of this much more projection lag.
     projection_linger_ms: int = 100
     # The same for the graph projection, which nothing on the scheduling path reads (the batcher reads
-    # PostgreSQL): a longer wait folds more of a task's transitions into one status write in Neo4j.
-    graph_linger_ms: int = 500
+    # PostgreSQL): a longer wait folds more of a task's transitions into one status write in Neo4j
+    # (the same as PostgreSQL's by default; a longer one not measured yet).
+    graph_linger_ms: int = 100
     recheck_max_ms: int = 600_000
     # A Faust worker silent this long (its consumer-group session) loses its partitions to the others.
     worker_session_timeout_ms: int = 6000

@@ -157,6 +157,9 @@ def small(tmp_path_factory: pytest.TempPathFactory, stack_kind: str) -> Iterator
         TASKSTREAM_WORKER_CPUS=str(CPUS),
         TASKSTREAM_TENANTS="closed",
         TASKSTREAM_WORKER_LABELS="zone=[red]lab",  # markup in a label is printed as it is
+        # every promoted task goes through the queue, whose bounds these tests check (a worker alone
+        # claims promoted tasks for itself by default: LocalClaims, tested in test_e2e and test_dispatch)
+        TASKSTREAM_LOCAL_CLAIMS="0",
     )
     with running(s):
         s.cli("tenants", "set", "dispatch", "--tier", "standard")
@@ -412,6 +415,45 @@ def test_a_flooding_tenant_leaves_the_others_their_weighted_share(small: Stack) 
 
 
 # Last in the module: the worker it adds changes K for what would follow.
+def test_queues_shows_each_lane_s_waiting_tasks_their_age_and_what_it_handed_out(small: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`taskstream queues`: a lane's waiting tasks, the age of the oldest, and what it handed out. More
+    tasks than the worker runs (2 slots) and claims ahead (1): the rest wait in the lane."""
+    dag = tmp_path / "many.yaml"
+    naps = "".join(f"  - name: n{i}\n    argv: [sleep, '1.5']\n" for i in range(12))
+    dag.write_text("tenant: dispatch\ntasks:\n" + naps)
+    sid = small.cli("submit", str(dag)).stdout.split("accepted submission ")[1].split(":")[0]
+
+    def default_lane() -> dict[str, Any] | None:
+        lanes = json.loads(small.cli("queues", "--json").stdout)
+        lane = next(q for q in lanes if q["lane"] == "default")
+        return lane if lane["depth"] >= 1 and lane["claimed_or_running"] >= SLOTS + AHEAD else None
+
+    busy = wait_until(default_lane, 60, "tasks waiting in the default lane while others run")
+    assert busy["oldest_s"] is not None and busy["oldest_s"] >= 0 and busy["claimed_per_s"] > 0
+    table = small.cli("queues").stdout
+    assert "default" in table and "waiting" in table
+    with psycopg.connect(small.settings.dsn, autocommit=True) as conn:
+        wait_until(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM tasks WHERE submission_id = %s AND status = 'SUCCEEDED'", (sid,)
+                ).fetchone()
+                == (12,)
+            ),
+            90,
+            "every task to succeed",
+        )
+        lanes = conn.execute(
+            "SELECT DISTINCT t.lane, a.lane FROM tasks t JOIN attempts a USING (task_id) WHERE t.submission_id = %s",
+            (sid,),
+        ).fetchall()
+    assert lanes == [("default", "default")]
+    idle = json.loads(small.cli("queues", "--json", "--window", "600").stdout)
+    after = next(q for q in idle if q["lane"] == "default")
+    assert after["oldest_s"] is None or after["depth"] > 0
+    assert after["claimed_per_s"] >= 12 / 600
+
+
 def test_a_big_task_goes_to_the_lane_of_the_workers_that_fit_it_and_no_worker_is_oversubscribed(
     small: Stack, tmp_path: Path
 ) -> None:

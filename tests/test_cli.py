@@ -385,43 +385,6 @@ def test_dlq_lists_dead_letters_and_retry_runs_one_again_as_a_new_task(stack: St
         assert conn.execute("SELECT count(*) FROM tasks WHERE labels->>'retry_of' = %s", (gated,)).fetchone() == (1,)
 
 
-def test_queues_shows_each_lane_s_waiting_tasks_their_age_and_what_it_handed_out(stack: Stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # more tasks than the worker runs (4 slots) and claims ahead (4): the rest wait in the lane
-    dag = tmp_path / "many.yaml"
-    dag.write_text("tenant: acme\ntasks:\n" + "".join(f"  - name: n{i}\n    argv: [sleep, '3']\n" for i in range(12)))
-    sid = stack.cli("submit", str(dag)).stdout.split("accepted submission ")[1].split(":")[0]
-
-    def default_lane() -> dict[str, Any] | None:
-        lanes = json.loads(stack.cli("queues", "--json").stdout)
-        lane = next(q for q in lanes if q["lane"] == "default")
-        return lane if lane["depth"] >= 1 and lane["claimed_or_running"] >= 4 else None
-
-    busy = wait_until(default_lane, 60, "tasks waiting in the default lane while others run")
-    assert busy["oldest_s"] is not None and busy["oldest_s"] >= 0 and busy["claimed_per_s"] > 0
-    table = stack.cli("queues").stdout
-    assert "default" in table and "waiting" in table
-    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
-        wait_until(
-            lambda: (
-                conn.execute(
-                    "SELECT count(*) FROM tasks WHERE submission_id = %s AND status = 'SUCCEEDED'", (sid,)
-                ).fetchone()
-                == (12,)
-            ),
-            90,
-            "every task to succeed",
-        )
-        lanes = conn.execute(
-            "SELECT DISTINCT t.lane, a.lane FROM tasks t JOIN attempts a USING (task_id) WHERE t.submission_id = %s",
-            (sid,),
-        ).fetchall()
-    assert lanes == [("default", "default")]
-    idle = json.loads(stack.cli("queues", "--json", "--window", "600").stdout)
-    after = next(q for q in idle if q["lane"] == "default")
-    assert after["oldest_s"] is None or after["depth"] > 0
-    assert after["claimed_per_s"] >= 12 / 600
-
-
 def test_a_waiting_task_cancelled_never_runs_its_dependents_end_cancelled_and_tenants_counts_them(  # type: ignore[no-untyped-def]
     stack: Stack, tmp_path
 ) -> None:

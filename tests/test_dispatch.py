@@ -353,6 +353,46 @@ def test_a_stopping_worker_hands_back_what_it_cannot_finish(workerless: Stack, w
         assert not any(isinstance(ev.payload, e.TaskRetryScheduled) for ev in log[t])  # no retry used up
 
 
+def test_a_worker_alone_claims_ahead_for_itself_and_gives_the_excess_back_when_another_comes(
+    workerless: Stack, workers: Workers
+) -> None:
+    """Worker 0 alone on the lane: its lifecycle claims the promoted tasks for it as it queues them,
+    beyond its 4 slots and 4 claimed ahead (LocalClaims). Then worker 1 starts: worker 0 gives back the
+    claims beyond 8 that wait for a slot (TaskReleased, no retry used up), and worker 1 runs some of
+    them. From the log, every task succeeds once; the first claims were decided with their queuing,
+    by worker 0's own lifecycle."""
+    a = workers.start(0)
+    tasks = [{"name": f"s{i}", "call": "time:sleep", "args": [1.5]} for i in range(30)]
+    sid, ids = submit(workerless, tasks)
+
+    def claimed_by_a() -> int | None:
+        n = sum(1 for _, st, _, w, *_ in rows(workerless, sid) if st in ("CLAIMED", "RUNNING") and w
+                and f"-{a.pid}-" in w)  # fmt: skip
+        return n if n > 8 else None
+
+    held = wait_until(claimed_by_a, 60, "worker 0 holding more claims than its slots and claim_ahead")
+    b = workers.start(1)
+    wait_until(lambda: all_succeeded(workerless, sid, len(tasks)), 120, "every task to succeed")
+    log = history(workerless, set(ids.values()))
+    name_of = {v: k for k, v in ids.items()}
+    succeeded = Counter(name_of[t] for t, evs in log.items() for ev in evs if isinstance(ev.payload, e.TaskSucceeded))
+    assert succeeded == Counter(dict.fromkeys(ids, 1)), succeeded
+    given = [t for t, evs in log.items() for ev in evs if isinstance(ev.payload, e.TaskReleased)
+             and "held more claims than it has room for" in ev.payload.reason]  # fmt: skip
+    assert given, f"worker 0 held {held} claims and gave none back"
+    on_b = [t for t, evs in log.items() for ev in evs if isinstance(ev.payload, e.TaskStarted)
+            and f"-{b.pid}-" in ev.payload.worker]  # fmt: skip
+    assert on_b, "worker 1 ran none of the tasks"
+    for t in given:
+        assert not any(isinstance(ev.payload, e.TaskRetryScheduled) for ev in log[t]), story(workerless, t)
+    first = [evs for evs in log.values() if evs and f"-{a.pid}-" in next(
+        (ev.payload.worker for ev in evs if isinstance(ev.payload, e.TaskClaimed)), "")]  # fmt: skip
+    local = [evs for evs in first if any(
+        isinstance(x.payload, e.TaskQueued) and isinstance(y.payload, e.TaskClaimed) and y.version == x.version + 1
+        and x.event_ms == y.event_ms for x, y in zip(evs, evs[1:], strict=False))]  # fmt: skip
+    assert local, "no claim decided with its queuing"
+
+
 def test_taskstream_worker_joins_the_stack_runs_tasks_in_its_slots_and_refuses_a_taken_index(
     workerless: Stack, workers: Workers
 ) -> None:

@@ -132,7 +132,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"],
             waiter_holder["capacity"], waiter_holder["reports"],
         )  # fmt: skip
-        ex.excess = lambda lane: capacity.claims > room and peers(lane) > 0  # a worker alone's extra claims
+        ex.excess = local.excess  # the claims a worker alone took beyond its room, once it is not alone
         return ex
 
     in_order = InOrderAcks()

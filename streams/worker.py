@@ -257,9 +257,10 @@ class LocalClaims:
     its slots and claim_ahead (those already handed over and those reserved in the batch being decided
     included), or than that plus batch_ahead while no other live worker reads the lane (`peers`, from
     the advertisements: nobody else could take it from the queue); any other is queued for every worker
-    as before. The lifecycle reserves a claim while it
-    decides, and hands the task over once the batch that recorded the claim is durable (or releases the
-    reservation if the batch is not written). From then on the task is held as any won claim."""
+    as before. The lifecycle reserves a claim while it decides, and hands the task over once the batch
+    that recorded the claim is durable (or releases the reservation if the batch is not written). From
+    then on the task is held as any won claim; one waiting for a slot beyond `budget` is given back
+    once a peer reads its lane (`excess`, Executor._room)."""
 
     def __init__(
         self, worker_id: str, capacity: Capacity, budget: int, lanes: Any, executor: Any,
@@ -293,6 +294,11 @@ class LocalClaims:
 
     def release(self, n: int) -> None:
         self.reserved -= n
+
+    def excess(self, lane: str) -> bool:
+        """Whether a claim waiting for a slot in `lane` is one too many: this worker holds more than
+        `budget` (what it claimed while alone) and another live worker now reads the lane."""
+        return self.capacity.claims > self.budget and self.peers(lane) > 0
 
     def hand(self, qt: r.QueuedTask, claim_id: str) -> None:
         """The batch that recorded the claim is durable: run the task."""

@@ -61,12 +61,17 @@ def test_a_worker_alone_on_its_lane_claims_as_far_as_the_batcher_s_margin_and_sh
         ex = _Executor()
         ex.waiter.ready.set()
         peers = {"default": 0}
-        local = LocalClaims("w1", cap, 2, lambda: {"default"}, lambda: ex, alone_budget=5, peers=peers.get)
+        others = lambda lane: peers.get(lane, 0)  # noqa: E731
+        local = LocalClaims("w1", cap, 2, lambda: {"default"}, lambda: ex, alone_budget=5, peers=others)
         got = [local.reserve(queued(f"t{i}")) for i in range(6)]
         assert sum(x is not None for x in got) == 5  # nobody else reads the lane: up to the alone budget
         local.release(5)
         peers["default"] = 1  # another live worker reads it: the rest goes to the queue for both
         got = [local.reserve(queued(f"u{i}")) for i in range(3)]
         assert sum(x is not None for x in got) == 2
+        cap.claims = 5  # five held from while it was alone: beyond its room of 2, with a peer on the lane
+        assert local.excess("default") and not local.excess("big")
+        peers["default"] = 0
+        assert not local.excess("default")  # alone again: nothing to give back
 
     asyncio.run(go())

@@ -153,8 +153,15 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         """Other live workers reading `lane`, as this node's resource manager last heard (none yet: 0)."""
         return holder["rm"].peers.get(lane, 0) if "rm" in holder else 0
 
+    def gate() -> Any:
+        """The batcher's gate as this node last heard it on the workers topic (None: not heard)."""
+        adverts = holder["rm"].adverts if "rm" in holder else None
+        return adverts.gate() if adverts is not None else None
+
     room = s.worker_slots + s.claim_ahead
-    local = LocalClaims(worker_id, capacity, room, lambda: reading, local_executor, room + s.batch_ahead, peers)
+    local = LocalClaims(
+        worker_id, capacity, room, lambda: reading, local_executor, room + s.batch_ahead, peers, gate
+    )  # fmt: skip
 
     async def advertised(stopping: bool = False) -> None:
         offer = capacity.offer(worker_id, s.claim_ahead, tuple(x for x in lanes if x in reading))

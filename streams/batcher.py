@@ -33,7 +33,7 @@ from taskstream.projections.pg import BATCHER_CHANNEL
 from taskstream.schemas import records as r
 from taskstream.streams.context import Context
 
-from taskstream.core.batcher import DEFAULT_LANE, Candidate, Offer, plan, room, route
+from taskstream.core.batcher import DEFAULT_LANE, Candidate, Gate, Offer, gate, plan, room, route
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ TOO_BIG_KEPT = 10_000  # tasks reported as fitting no live worker, remembered so
 NOT_LEADER_WAIT_S = 0.5
 
 TAKEN = "SELECT tenant, count(*) FROM tasks WHERE status IN ('QUEUED', 'CLAIMED', 'RUNNING') GROUP BY tenant"
-TENANTS = "SELECT tenant, max_running, weight FROM tenants"
+TENANTS = "SELECT tenant, max_running, weight FROM tenants ORDER BY last_submission DESC NULLS LAST"
+GATE_TENANTS = 10_000  # uncapped tenants named in the gate at most (the most recent submitters): the others wait
 QUEUED_BY_LANE = "SELECT lane, count(*) FROM tasks WHERE status = 'QUEUED' GROUP BY lane"
 STILL_READY = "SELECT task_id::text FROM tasks WHERE task_id = ANY(%s::uuid[]) AND status = 'READY'"
 # Each tenant's best n (the index tasks_ready_by_deadline), merged in rank order.
@@ -63,6 +64,8 @@ class Batcher:
         self.promoted: dict[str, tuple[str, str, float]] = {}
         self.too_big: OrderedDict[str, None] = OrderedDict()
         self.rounds = 0
+        self.gate = Gate(open=False)  # what the last round says to the owners (core/batcher.py Gate)
+        self._said: tuple[Gate, float] | None = None  # the gate last published, and when (monotonic)
 
     async def run(self) -> None:
         s = self.ctx.settings
@@ -79,6 +82,7 @@ class Batcher:
                     log.info("batcher: promoting ready tasks on this worker (the group's leader)")
                     while self.is_leader():
                         await self.round(conn, adverts.live())
+                        await self.say_gate()
                         await _news(conn, s.batcher_interval_ms / 1000)
             except (psycopg.OperationalError, psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
                 log.warning("batcher: the read model is not reachable (%s); trying again in 1s", exc)
@@ -102,6 +106,7 @@ class Batcher:
         and plans (taskstream/core/batcher.py); sends nothing."""
         s = self.ctx.settings
         self.rounds += 1
+        self.gate = Gate(open=False)
         if not offers:
             return []
         await self._forget_queued(conn)
@@ -114,15 +119,19 @@ class Batcher:
             return []
         headroom: dict[str, int | None] = {}
         weights: dict[str, float] = {}
+        uncapped: list[str] = []
         for tenant, cap, weight in await (await conn.execute(TENANTS)).fetchall():
             weights[tenant] = float(weight)
             if cap is not None:
                 headroom[tenant] = max(0, cap - taken.get(tenant, 0) - in_flight.get(tenant, 0))
+            elif len(uncapped) < GATE_TENANTS:
+                uncapped.append(tenant)
         rows = await (await conn.execute(CANDIDATES, (list(self.promoted), k))).fetchall()
         candidates = [Candidate(tid, tenant, cpu, mem, gpu, tuple(sorted((needs or {}).items())))
                       for tid, tenant, cpu, mem, gpu, needs in rows]  # fmt: skip
         holding = {t: taken.get(t, 0) + in_flight.get(t, 0) for t in {*taken, *in_flight}}
         chosen, too_big = plan(candidates, k, headroom, weights, offers, holding)
+        self.gate = gate(offers, k, len(chosen), uncapped)
         self._report_too_big(too_big, offers)
         log.debug("batcher: %d of %d candidates chosen (K %d)", len(chosen), len(candidates), k)
         return chosen
@@ -151,6 +160,21 @@ class Batcher:
         sent = time.monotonic()
         for c, lane in zip(chosen, lanes, strict=True):
             self.promoted[c.task_id] = (c.tenant, lane, sent)
+
+    async def say_gate(self) -> None:
+        """Publish the gate on the workers topic, which every worker follows (`Adverts.gate`): when it
+        changed, and at least every heartbeat_ms while it stays as it is (so a gate heard long ago, from
+        a batcher gone since, is known to be stale)."""
+        now = time.monotonic()
+        if (
+            self._said is not None
+            and self._said[0] == self.gate
+            and now - self._said[1] < self.ctx.settings.heartbeat_ms / 1000
+        ):
+            return
+        body = gate_record(self.gate, self.ctx.node, self.ctx.now_ms())
+        await (await self.ctx.producer.send(self.ctx.settings.topic("workers"), GATE_KEY, body, 0, None, None))
+        self._said = (self.gate, now)
 
     async def _forget_queued(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Promotions the read model now shows as no longer READY are counted from it from now on."""
@@ -204,6 +228,25 @@ def advert(offer: Offer, claims: int, stopping: bool, at_ms: int, **more: Any) -
     return json.dumps(body, sort_keys=True).encode()
 
 
+GATE_KEY = b"batcher:gate"
+
+
+def gate_record(g: Gate, node: str, at_ms: int) -> bytes:
+    """The batcher's gate as published on the workers topic (beside the workers' advertisements)."""
+    floors = {lane: {"cpus": f.cpus, "memory_mb": f.memory_mb, "gpus": f.gpus, "labels": dict(f.labels)}
+              for lane, f in (g.floors or {}).items()}  # fmt: skip
+    body = {"gate": {"open": g.open, "uncapped": sorted(g.uncapped), "floors": floors}, "batcher": node, "at_ms": at_ms}
+    return json.dumps(body, sort_keys=True).encode()
+
+
+def gate_of(body: dict[str, Any]) -> Gate:
+    g = body["gate"]
+    floors = {str(lane): Offer(f"floor:{lane}", 0, 0, float(f["cpus"]), int(f["memory_mb"]), int(f["gpus"]),
+                               (str(lane),), tuple(sorted((str(k), str(v)) for k, v in dict(f["labels"]).items())))
+              for lane, f in dict(g["floors"]).items()}  # fmt: skip
+    return Gate(open=bool(g["open"]), uncapped=frozenset(str(t) for t in g["uncapped"]), floors=floors)
+
+
 def offer_of(body: dict[str, Any]) -> Offer:
     lanes = body.get("lanes") or [DEFAULT_LANE]  # an advert from before lanes: the default lane
     if not isinstance(lanes, list) or not all(isinstance(x, str) for x in lanes):
@@ -226,6 +269,7 @@ class Adverts:
         self.s = settings
         self.tp = TopicPartition(settings.topic("workers"), 0)
         self.latest: dict[str, tuple[dict[str, Any], float]] = {}  # worker -> (advert, monotonic time heard)
+        self._gate: tuple[Gate, float] | None = None  # the batcher's latest gate, and when it was heard
         self.consumer: AIOKafkaConsumer | None = None
         self.follower: asyncio.Task[None] | None = None
 
@@ -248,11 +292,14 @@ class Adverts:
                 for m in msgs:
                     try:
                         body = json.loads(m.value or b"{}")
-                        offer_of(body)
-                    except (ValueError, KeyError, TypeError):
-                        continue  # not an advertisement: skipped, the others still count
-                    age_s = max(0.0, now_ms - int(body.get("at_ms", now_ms))) / 1000 if m.offset < end else 0.0
-                    self.latest[body["worker"]] = (body, mono - age_s)
+                        said = gate_of(body) if m.key == GATE_KEY else offer_of(body)
+                        age_s = max(0.0, now_ms - int(body.get("at_ms", now_ms))) / 1000 if m.offset < end else 0.0
+                    except (ValueError, KeyError, TypeError, AttributeError):
+                        continue  # neither an advertisement nor a gate: skipped, the others still count
+                    if isinstance(said, Gate):
+                        self._gate = (said, mono - age_s)
+                    else:
+                        self.latest[body["worker"]] = (body, mono - age_s)
 
     def heard(self) -> dict[str, dict[str, Any]]:
         """worker -> its latest advertisement, for each worker heard within lease_ms (stopping or not)."""
@@ -261,6 +308,13 @@ class Adverts:
             raise KafkaError("the workers topic reader stopped")
         horizon = time.monotonic() - self.s.lease_ms / 1000
         return {w: b for w, (b, heard) in self.latest.items() if heard > horizon}
+
+    def gate(self) -> Gate | None:
+        """The batcher's gate as last heard, while it is fresher than two of its heartbeats (the batcher
+        says it at least every heartbeat_ms); None: not heard, or a batcher gone since."""
+        if self._gate is None or self._gate[1] < time.monotonic() - 2 * self.s.heartbeat_ms / 1000:
+            return None
+        return self._gate[0]
 
     def live(self) -> list[Offer]:
         return [offer_of(b) for b in self.heard().values() if not b.get("stopping") and int(b["slots"]) > 0]

@@ -438,7 +438,11 @@ class Lifecycle:
                     if s.spec.dependencies and self._all_succeeded(record):
                         cmds.append(c.MarkReady("every prerequisite succeeded", at))
                 case e.TaskReady() | e.TaskUnqueued() if not self.ctx.settings.batcher:
-                    cmds.append(c.QueueTask(self.ctx.settings.lane, at))  # else it waits to be promoted
+                    cmds.append(c.QueueTask(self.ctx.settings.lane, at))  # else it waits to be promoted ...
+                case e.TaskReady() if self.local is not None and self.ctx.settings.ready_at_once:
+                    assert s.spec is not None  # ... unless the batcher's gate lets it past (LocalClaims)
+                    if (lane := self.local.ready_lane(s.spec)) is not None:
+                        cmds.append(c.QueueTask(lane, at))
                 case e.TaskQueued(attempt=n, lane=lane):
                     assert s.spec is not None
                     queued = r.QueuedTask(s.task_id, n, lane, at, s.spec)

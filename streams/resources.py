@@ -35,10 +35,11 @@ class ResourceManager:
         self.ordered: dict[str, float] = {}  # claim id -> when its kill was last ordered (monotonic)
         self.sent = 0
         self.peers: dict[str, int] = {}  # lane -> how many other live workers read it (LocalClaims' room)
+        self.adverts: Adverts | None = None  # what this node hears on the workers topic (the batcher's gate too)
 
     async def run(self) -> None:
         s = self.ctx.settings
-        adverts = Adverts(s)
+        adverts = self.adverts = Adverts(s)
         await adverts.start()
         try:
             while True:

@@ -43,7 +43,8 @@ from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context
 from taskstream.streams.runner import CallFailed, Runner, Runners
 
 from taskstream.core import events as e
-from taskstream.core.batcher import DEFAULT_LANE, Offer
+from taskstream.core.batcher import DEFAULT_LANE, Candidate, Offer
+from taskstream.core.model import TaskSpec
 from taskstream.settings import worker_labels
 
 log = logging.getLogger(__name__)
@@ -264,7 +265,7 @@ class LocalClaims:
 
     def __init__(
         self, worker_id: str, capacity: Capacity, budget: int, lanes: Any, executor: Any,
-        alone_budget: int | None = None, peers: Any = None,
+        alone_budget: int | None = None, peers: Any = None, gate: Any = None,
     ) -> None:  # fmt: skip
         self.worker_id = worker_id
         self.capacity = capacity
@@ -272,6 +273,7 @@ class LocalClaims:
         self.alone_budget = budget if alone_budget is None else alone_budget  # + batch_ahead
         self.peers = peers or (lambda _lane: 1)  # lane -> other live workers reading it
         self.lanes = lanes  # () -> the lanes this worker reads
+        self.gate = gate or (lambda: None)  # () -> the batcher's gate as last heard (core/batcher.Gate), or None
         self.executor = executor  # () -> an Executor, or None until the worker is ready
         self.reserved = 0
         self.closed = False
@@ -279,18 +281,35 @@ class LocalClaims:
 
     def reserve(self, qt: r.QueuedTask) -> str | None:
         """The claim id to decide for this worker, or None: the task goes to the queue."""
-        if self.closed or qt.lane not in self.lanes():
-            return None
-        budget = self.budget if self.peers(qt.lane) else self.alone_budget
-        if self.capacity.claims + self.reserved >= budget:
-            return None
-        if self.capacity.could_run(qt.spec.resources) is not None:
-            return None
-        executor = self.executor()
-        if executor is None or not executor.waiter.ready.is_set():
+        if qt.lane not in self.lanes() or not self._room(qt.lane, qt.spec):
             return None
         self.reserved += 1
         return claim_id_of(qt, self.worker_id)
+
+    def ready_lane(self, spec: TaskSpec) -> str | None:
+        """For a task that just became ready: the lane to queue it in at once, and claim it for this
+        worker, if the batcher's gate lets it past (open: nothing ready waits for room; its tenant has
+        no cap; every live worker of the lane fits it) and this worker has room for it. None: it waits
+        READY for the batcher's next round."""
+        g = self.gate()
+        if g is None:
+            return None
+        res = spec.resources
+        need = Candidate("", spec.tenant, res.cpu, res.memory_mb, res.gpu, res.labels)
+        lanes = sorted(self.lanes(), key=lambda x: (x != DEFAULT_LANE, x))
+        lane = g.lane_for(spec.tenant, need, lanes)
+        return lane if lane is not None and self._room(lane, spec) else None
+
+    def _room(self, lane: str, spec: TaskSpec) -> bool:
+        if self.closed:
+            return False
+        budget = self.budget if self.peers(lane) else self.alone_budget
+        if self.capacity.claims + self.reserved >= budget:
+            return False
+        if self.capacity.could_run(spec.resources) is not None:
+            return False
+        executor = self.executor()
+        return executor is not None and bool(executor.waiter.ready.is_set())
 
     def release(self, n: int) -> None:
         self.reserved -= n

@@ -64,6 +64,11 @@ class Settings:
     # has room (fewer claims than slots + claim_ahead, the task's lane, its resources): no queue record,
     # claim request or verdict on the way (streams/worker.LocalClaims). 0: every task goes to the queue.
     local_claims: int = 1
+    # 1: while the batcher's last round had room left over (nothing ready waits for room), a task of a
+    # tenant without a cap that becomes ready is queued and claimed by its owner for its own worker at
+    # once, if that worker has room as above, instead of waiting READY for the next round
+    # (core/batcher.Gate). 0: every ready task waits for a round. Needs local_claims.
+    ready_at_once: int = 1
     # What a worker offers (advertised every heartbeat_ms, streams/worker.py): it runs a task only while
     # the task's cpu, memory_mb and gpu fit what its running tasks leave free. 0 cpus: one per slot;
     # 0 memory: the machine's. worker_labels: "k=v,k2=v2".
@@ -281,6 +286,8 @@ def _timing_problems(s: Settings) -> list[str]:
             out.append(f"TASKSTREAM_{name.upper()}={getattr(s, name)} must be between 0 and 60000")
     if s.local_claims not in (0, 1):
         out.append(f"TASKSTREAM_LOCAL_CLAIMS={s.local_claims} must be 0 or 1")
+    if s.ready_at_once not in (0, 1):
+        out.append(f"TASKSTREAM_READY_AT_ONCE={s.ready_at_once} must be 0 or 1")
     if s.batch_ahead < 0:
         out.append(f"TASKSTREAM_BATCH_AHEAD={s.batch_ahead} must not be negative")
     if s.batcher_interval_ms < 10:

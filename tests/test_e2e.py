@@ -518,3 +518,74 @@ def test_a_large_dag_is_admitted_whole_and_both_projections_show_every_node_and_
     assert ids == set(out.task_ids.values())
     graph = graph_queries(stack.settings)
     wait_until(lambda: graph.counts(sid) == {"nodes": n, "edges": edges}, 120, "every node and edge in the graph")
+
+
+def batcher_gate(stack: Stack) -> Any:
+    """The batcher's gate as last published on the workers topic (None: not yet)."""
+    from taskstream.connectors.kafka import consumer
+    from taskstream.connectors.reading import read_to_end
+    from taskstream.streams.batcher import GATE_KEY, gate_of
+
+    c = consumer(stack.settings, f"gate-{uuid.uuid4()}")
+    try:
+        said = [m.value() for m in read_to_end(c, stack.settings.topic("workers"), {0: 0}) if m.key() == GATE_KEY]
+    finally:
+        c.close()
+    return gate_of(json.loads(said[-1])) if said else None
+
+
+def test_ready_tasks_skip_the_batcher_s_round_while_it_has_room_but_never_those_of_a_capped_tenant(
+    stack: Stack,
+) -> None:
+    """While the batcher's last round left room unused, each task of a chain is queued and claimed by its
+    owner in the write that makes it ready: no Promote reaches it, and the chain runs in order. The
+    tasks of a tenant with a cap of 1 each wait READY for a round's Promote, and never two of them are
+    queued, claimed or running at once."""
+    from taskstream.schemas import records as r
+
+    from taskstream.core import events as e
+    from taskstream.core.submission import parse_document
+    from taskstream.sdk import Client
+    from tests.test_batcher import most_at_once
+    from tests.test_dispatch import history
+
+    stack.cli("tenants", "set", "capped1", "--tier", "free", "--max-running", "1")
+    stack.cli("tenants", "set", "chains", "--tier", "standard")
+    wait_until(lambda: (g := batcher_gate(stack)) is not None and g.open and "chains" in g.uncapped, 60,
+               "the batcher's gate open to tenant chains")  # fmt: skip
+    assert "capped1" not in batcher_gate(stack).uncapped
+    chain = [{"name": f"c{i}", "call": "os:getpid", "dependencies": [f"c{i - 1}"] if i else []} for i in range(6)]
+    capped = [{"name": f"k{i}", "call": "time:sleep", "args": [0.3]} for i in range(3)]
+    ids: dict[str, str] = {}
+    with Client(stack.settings) as client:
+        for tenant, tasks in (("chains", chain), ("capped1", capped)):
+            cid, sid = client.submit(parse_document({"tenant": tenant, "tasks": tasks}))
+            out = client.wait_outcome(sid, 60, command_id=cid)
+            assert out.accepted, out
+            ids.update({name: tid for name, tid in out.task_ids.items()})
+    log: dict[str, list[r.EventRecord]] = {}
+
+    def ended() -> bool:
+        log.update(history(stack, set(ids.values())))
+        return all(any(isinstance(ev.payload, e.TaskSucceeded) for ev in log[t]) for t in ids.values())
+
+    wait_until(ended, 120, "every task to succeed")
+    promoted = {x.task_id for x in inputs_about(stack, set(ids.values())) if isinstance(x.body, r.Promote)}
+
+    def at(name: str, kind: type) -> int:
+        return next(ev.event_ms for ev in log[ids[name]] if isinstance(ev.payload, kind))
+
+    for i in range(6):
+        name = f"c{i}"
+        kinds = [type(ev.payload).__name__ for ev in log[ids[name]]]
+        step = kinds.index("TaskReady")
+        assert kinds[step : step + 3] == ["TaskReady", "TaskQueued", "TaskClaimed"], (name, kinds)
+        assert at(name, e.TaskReady) == at(name, e.TaskClaimed), name  # decided in one step
+        assert ids[name] not in promoted, name
+        if i:
+            assert at(name, e.TaskStarted) >= at(f"c{i - 1}", e.TaskSucceeded), name
+    for i in range(3):
+        assert ids[f"k{i}"] in promoted  # each waited for a round
+        assert at(f"k{i}", e.TaskQueued) > at(f"k{i}", e.TaskReady)
+    spans = [(at(f"k{i}", e.TaskQueued), at(f"k{i}", e.TaskSucceeded), 1.0) for i in range(3)]
+    assert most_at_once(spans) == 1, spans

@@ -1,16 +1,21 @@
 """When a worker's own lifecycle claims a task for it in-process (streams/worker.LocalClaims), and what
 it does with one handed over: room, lane, fit, readiness and stopping decide; an empty-handed stop
-leaves nothing running."""
+leaves nothing running. And when a task that becomes ready skips the batcher's round (the gate,
+taskstream/core/batcher.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from taskstream.schemas import records as r
+from taskstream.streams.batcher import gate_of, gate_record, offer_of
 from taskstream.streams.worker import Capacity, LocalClaims, claim_id_of
 
+from taskstream.core.batcher import Candidate, Offer, floors, gate
 from taskstream.core.model import Resources, TaskSpec
 
 
@@ -73,5 +78,72 @@ def test_a_worker_alone_on_its_lane_claims_as_far_as_the_batcher_s_margin_and_sh
         assert local.excess("default") and not local.excess("big")
         peers["default"] = 0
         assert not local.excess("default")  # alone again: nothing to give back
+
+    asyncio.run(go())
+
+
+# -- the batcher's gate: a task that becomes ready skips the round while nothing waits for room -------
+def offer(worker: str, cpus: float, lanes: tuple[str, ...] = ("default",), gpus: int = 0, **labels: str) -> Offer:
+    return Offer(worker, 2, 1, cpus, 4096, gpus, lanes, tuple(sorted(labels.items())))
+
+
+def test_the_gate_opens_only_after_a_round_that_left_room_unused_and_only_to_tenants_known_uncapped() -> None:
+    offers = [offer("a", 2.0)]
+    assert not gate(offers, k=5, chosen=5, uncapped=()).open  # room all taken: what is ready ranks first
+    assert not gate(offers, k=0, chosen=0, uncapped=()).open  # no room at all
+    g = gate(offers, k=5, chosen=3, uncapped=["acme"])
+    assert g.open and g.uncapped == {"acme"}
+    need = Candidate("t", "acme", 1.0, 256)
+    assert g.lane_for("acme", need, ["default"]) == "default"
+    assert g.lane_for("free-tier", need, ["default"]) is None  # capped, or not known yet: waits for a round
+    assert gate(offers, k=5, chosen=5, uncapped=["acme"]).lane_for("acme", need, ["default"]) is None
+
+
+def test_a_lane_s_floor_is_the_least_each_of_its_workers_offers_and_a_task_goes_where_every_worker_fits_it() -> None:
+    offers = [offer("small", 1.0, zone="a"), offer("big", 8.0, ("default", "big"), gpus=1, zone="a", disk="ssd")]
+    fl = floors(offers)
+    assert (fl["default"].cpus, fl["default"].gpus, fl["default"].labels) == (1.0, 0, (("zone", "a"),))
+    assert (fl["big"].cpus, fl["big"].gpus, fl["big"].labels) == (8.0, 1, (("disk", "ssd"), ("zone", "a")))
+    g = gate(offers, k=9, chosen=0, uncapped=["acme"])
+    lanes = ["default", "big"]
+    assert g.lane_for("acme", Candidate("t", "acme", 0.5, 256, 0, (("zone", "a"),)), lanes) == "default"
+    assert g.lane_for("acme", Candidate("t", "acme", 4.0, 256), lanes) == "big"  # the small worker cannot
+    assert g.lane_for("acme", Candidate("t", "acme", 0.5, 256, 0, (("disk", "ssd"),)), lanes) == "big"
+    assert g.lane_for("acme", Candidate("t", "acme", 16.0, 256), lanes) is None  # no lane fits it whole
+    assert g.lane_for("acme", Candidate("t", "acme", 4.0, 256), ["default"]) is None  # not a lane read here
+
+
+def test_the_gate_survives_its_trip_through_the_workers_topic_and_is_told_from_an_advertisement() -> None:
+    g = gate([offer("a", 2.0, ("default", "gpu"), gpus=2, zone="[red]x")], k=4, chosen=1, uncapped=["t1", "t2"])
+    body = json.loads(gate_record(g, "node-1", 123))
+    assert gate_of(body) == g
+    with pytest.raises(KeyError):
+        offer_of(body)  # the workers topic's readers skip it as an advertisement
+    with pytest.raises((KeyError, TypeError, ValueError)):
+        gate_of({"gate": {"open": True}})  # no floors: not a gate
+
+
+def spec(tenant: str = "acme", **need: Any) -> TaskSpec:
+    return TaskSpec("t", tenant, ("true",), resources=Resources(**need))
+
+
+def test_a_ready_task_gets_a_lane_at_once_only_with_an_open_gate_its_tenant_uncapped_and_room_here() -> None:
+    async def go() -> None:
+        cap = Capacity(slots=1, cpus=2.0, memory_mb=1024, gpus=0)
+        ex = _Executor()
+        ex.waiter.ready.set()
+        said: list[Any] = [None]
+        local = LocalClaims("w1", cap, 2, lambda: {"big", "default"}, lambda: ex, gate=lambda: said[0])
+        assert local.ready_lane(spec()) is None  # no gate heard (yet, or from a batcher gone since)
+        offers = [offer("w1", 2.0, ("default", "big")), offer("w2", 1.0)]
+        said[0] = gate(offers, k=6, chosen=6, uncapped=["acme"])
+        assert local.ready_lane(spec()) is None  # closed: what is ready waits for its rank
+        said[0] = gate(offers, k=6, chosen=2, uncapped=["acme"])
+        assert local.ready_lane(spec("free-tier")) is None
+        assert local.ready_lane(spec()) == "default"  # the default lane first
+        assert local.ready_lane(spec(cpu=2.0)) == "big"  # w2 reads the default lane and could not run it
+        assert local.ready_lane(spec(cpu=4.0)) is None  # could run nowhere
+        assert local.reserve(queued("a")) and local.reserve(queued("b"))
+        assert local.ready_lane(spec()) is None  # this worker's room is full: it waits for the round
 
     asyncio.run(go())

@@ -115,6 +115,7 @@ def test_rechecks_back_off_to_a_ceiling_and_stop_once_the_task_is_not_waiting() 
         ({"TASKSTREAM_RECHECK_MS": "0"}, "TASKSTREAM_RECHECK_MS=0 must be above 0"),
         ({"TASKSTREAM_GRAPH_LINGER_MS": "-5"}, "TASKSTREAM_GRAPH_LINGER_MS=-5 must be between 0 and 60000"),
         ({"TASKSTREAM_LOCAL_CLAIMS": "2"}, "TASKSTREAM_LOCAL_CLAIMS=2 must be 0 or 1"),
+        ({"TASKSTREAM_READY_AT_ONCE": "-1"}, "TASKSTREAM_READY_AT_ONCE=-1 must be 0 or 1"),
         ({"TASKSTREAM_LEASE_MS": "ten"}, "TASKSTREAM_LEASE_MS='ten': expected an integer"),
         (
             {"TASKSTREAM_CLOCK_OFFSET_MS": "-10000"},
@@ -352,3 +353,51 @@ def _settled_to(n: int) -> Any:
         return n
 
     return settled
+
+
+def test_a_task_made_ready_while_the_gate_is_open_is_queued_and_claimed_in_that_write_and_others_wait() -> None:
+    """Three waiting tasks whose one prerequisite ends in one batch. The batcher's gate is open to
+    tenant `acme` (not to `free`, which has a cap); the worker has room for one: t1 is ready, queued and
+    claimed in the same write and handed over after it; t2 (capped tenant) and t3 (no room left) stay
+    READY for the batcher's round."""
+    import asyncio
+
+    from taskstream.streams.worker import Capacity, LocalClaims
+
+    from taskstream.core.batcher import Offer, gate
+
+    sent: list[Any] = []
+    lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (tid, version, ev))
+    ex = SimpleNamespace(waiter=SimpleNamespace(ready=asyncio.Event(), watch=lambda _tid: asyncio.Future()))
+    handed: list[tuple[str, str]] = []
+    open_gate = gate([Offer("w-local", 1, 0, 4.0, 4096, 0)], k=5, chosen=0, uncapped=["acme"])
+    local = LocalClaims("w-local", Capacity(1, 4.0, 4096, 0), 1, lambda: {"default"}, lambda: ex,
+                        gate=lambda: open_gate)  # fmt: skip
+    local.hand = lambda qt, cid: handed.append((qt.task_id, cid))  # type: ignore[method-assign]
+    lc.local = local
+    for tid, tenant in (("t1", "acme"), ("t2", "free"), ("t3", "acme")):
+        spec = TaskSpec(tid, tenant, ("true",), dependencies=("p",))
+        lc.tasks[tid.encode()] = dumps(TaskRecord(TaskState(tid, Status.WAITING, 2, spec, "s")))
+
+    def ended(offset: int, tid: str) -> Any:
+        body = r.PrerequisiteEnded(prerequisite="p", succeeded=True, outcome="SUCCEEDED")
+        value = r.InputRecord(f"i{offset}", tid, 100 + offset, "p-owner", body)
+        return SimpleNamespace(topic="inputs", partition=0, offset=offset, key=tid.encode(), value=value, headers={})
+
+    async def go() -> None:
+        ex.waiter.ready.set()
+
+        async def guard(message: Any, handling: Any) -> None:
+            await handling
+
+        await lc.on_batch([ended(1, "t1"), ended(2, "t2"), ended(3, "t3")], "events", guard)
+
+    asyncio.run(go())
+    assert len(sent) == 1
+    events = [(x[2][0], type(x[2][2]).__name__) for x in sent[0] if x[0] == "events"]
+    assert events == [("t1", "TaskReady"), ("t1", "TaskQueued"), ("t1", "TaskClaimed"), ("t2", "TaskReady"),
+                      ("t3", "TaskReady")], events  # fmt: skip
+    assert not [x for x in sent[0] if str(x[0]).startswith("queue")]  # no queue record for any of them
+    assert [tid for tid, _ in handed] == ["t1"]
+    assert [loads(lc.tasks[t.encode()]).state.status for t in ("t1", "t2", "t3")] == [
+        Status.CLAIMED, Status.READY, Status.READY]  # fmt: skip

@@ -125,3 +125,47 @@ def route(chosen: Sequence[Candidate], offers: Sequence[Offer], queued: Mapping[
         load[lane] += 1
         out.append(lane)
     return out
+
+
+# -- the gate: whether a task that becomes ready may skip the batcher's round --------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """What the batcher's last round says to the tasks' owners: whether it had room left over once it
+    had promoted every candidate it could (`open`: nothing ready waits for room, so there is no rank to
+    honour), the tenants it knows to have no cap (`uncapped`: the tasks of any other, capped or not
+    known yet, always wait for a round, which counts what their tenant holds), and, per lane, the
+    smallest of its live workers (`floors`: a task that fits it fits every one of the lane's workers, as
+    `route` wants). While the gate is open, an owner whose own worker has room queues and claims a task
+    for it the moment it becomes ready (streams/worker.LocalClaims), instead of leaving it READY for the
+    next round."""
+
+    open: bool
+    uncapped: frozenset[str] = frozenset()
+    floors: Mapping[str, Offer] | None = None
+
+    def lane_for(self, tenant: str, need: Candidate, lanes: Sequence[str]) -> str | None:
+        """The first of `lanes` every live worker of which fits `need`, if the gate lets a task of
+        `tenant` past; else None (it waits READY for a round)."""
+        if not self.open or tenant not in self.uncapped:
+            return None
+        floors = self.floors or {}
+        return next((lane for lane in lanes if lane in floors and need.fits(floors[lane])), None)
+
+
+def gate(offers: Sequence[Offer], k: int, chosen: int, uncapped: Iterable[str]) -> Gate:
+    """The gate after a round that had room for `k` and promoted `chosen`: open if room was left over."""
+    return Gate(open=chosen < k, uncapped=frozenset(uncapped), floors=floors(offers))
+
+
+def floors(offers: Sequence[Offer]) -> dict[str, Offer]:
+    """Per lane, the least its live workers offer: the smallest cpus, memory and gpus, and the labels
+    they all have (what a task must fit; its slots say nothing)."""
+    out: dict[str, Offer] = {}
+    for lane in sorted({lane for o in offers for lane in o.lanes}):
+        os = [o for o in offers if lane in o.lanes]
+        labels = set(os[0].labels).intersection(*(o.labels for o in os[1:]))
+        out[lane] = Offer(f"floor:{lane}", 0, 0, min(o.cpus for o in os), min(o.memory_mb for o in os),
+                          min(o.gpus for o in os), (lane,), tuple(sorted(labels)))  # fmt: skip
+    return out

@@ -289,8 +289,9 @@ class LocalClaims:
     def ready_lane(self, spec: TaskSpec) -> str | None:
         """For a task that just became ready: the lane to queue it in at once, and claim it for this
         worker, if the batcher's gate lets it past (open: nothing ready waits for room; its tenant has
-        no cap; every live worker of the lane fits it) and this worker has room for it. None: it waits
-        READY for the batcher's next round."""
+        no cap; every live worker of the lane fits it) and this worker has a slot free for it (not
+        only room to claim ahead: tasks that become ready together skip the batcher's ranking only as
+        far as they start at once). None: it waits READY for the batcher's next round."""
         g = self.gate()
         if g is None:
             return None
@@ -298,13 +299,14 @@ class LocalClaims:
         need = Candidate("", spec.tenant, res.cpu, res.memory_mb, res.gpu, res.labels)
         lanes = sorted(self.lanes(), key=lambda x: (x != DEFAULT_LANE, x))
         lane = g.lane_for(spec.tenant, need, lanes)
-        return lane if lane is not None and self._room(lane, spec) else None
+        return lane if lane is not None and self._room(lane, spec, self.capacity.slots) else None
 
-    def _room(self, lane: str, spec: TaskSpec) -> bool:
+    def _room(self, lane: str, spec: TaskSpec, most: int | None = None) -> bool:
+        """Whether this worker may hold one more claim in `lane`: within its budget (or `most`)."""
         if self.closed:
             return False
         budget = self.budget if self.peers(lane) else self.alone_budget
-        if self.capacity.claims + self.reserved >= budget:
+        if self.capacity.claims + self.reserved >= (budget if most is None else min(budget, most)):
             return False
         if self.capacity.could_run(spec.resources) is not None:
             return False

@@ -66,7 +66,7 @@ class Settings:
     local_claims: int = 1
     # 1: while the batcher's last round had room left over (nothing ready waits for room), a task of a
     # tenant without a cap that becomes ready is queued and claimed by its owner for its own worker at
-    # once, if that worker has room as above, instead of waiting READY for the next round
+    # once, if that worker has a slot free, instead of waiting READY for the next round
     # (core/batcher.Gate). 0: every ready task waits for a round. Needs local_claims.
     ready_at_once: int = 1
     # What a worker offers (advertised every heartbeat_ms, streams/worker.py): it runs a task only while

@@ -46,6 +46,12 @@ TENANTS = "SELECT tenant, max_running, weight FROM tenants ORDER BY last_submiss
 GATE_TENANTS = 10_000  # uncapped tenants named in the gate at most (the most recent submitters): the others wait
 QUEUED_BY_LANE = "SELECT lane, count(*) FROM tasks WHERE status = 'QUEUED' GROUP BY lane"
 STILL_READY = "SELECT task_id::text FROM tasks WHERE task_id = ANY(%s::uuid[]) AND status = 'READY'"
+# Tasks queued in a lane no live worker reads (its only reader died after they were routed to it).
+STRANDED = (
+    "SELECT task_id::text, tenant, cpu, memory_mb, gpu, needs_labels, lane FROM tasks"
+    " WHERE status = 'QUEUED' AND lane <> ALL(%s) ORDER BY queued_at LIMIT %s"
+)
+MOVED_AT_ONCE = 1_000  # stranded tasks moved per round at most
 # Each tenant's best n (the index tasks_ready_by_deadline), merged in rank order.
 CANDIDATES = (
     "SELECT c.task_id::text, c.tenant, c.cpu, c.memory_mb, c.gpu, c.needs_labels FROM tenants n CROSS JOIN LATERAL ("
@@ -66,6 +72,7 @@ class Batcher:
         self.rounds = 0
         self.gate = Gate(open=False)  # what the last round says to the owners (core/batcher.py Gate)
         self._said: tuple[Gate, float] | None = None  # the gate last published, and when (monotonic)
+        self.moved: dict[str, float] = {}  # stranded task id -> when its move was sent (monotonic)
 
     async def run(self) -> None:
         s = self.ctx.settings
@@ -99,7 +106,36 @@ class Batcher:
         if chosen:
             lanes = await self.route(conn, chosen, offers)
             await self.promote(chosen, lanes)
+        if offers:
+            await self.rescue(conn, offers)
         return [c.task_id for c in chosen]
+
+    async def rescue(self, conn: psycopg.AsyncConnection[Any], offers: list[Offer]) -> list[str]:
+        """Move the tasks queued in a lane that no live worker reads (its only reader died within the
+        lease in which it still counted as live, and the tasks routed there meanwhile would wait until a
+        reader came back) to a live lane that fits them: a Promote into that lane, which the owner takes
+        as a move (TaskUnqueued, then TaskQueued). A task that fits no live worker stays where it is.
+        Returns the ids moved."""
+        live = sorted({lane for o in offers for lane in o.lanes})
+        rows = await (await conn.execute(STRANDED, (live, MOVED_AT_ONCE))).fetchall()
+        now = time.monotonic()
+        for tid in [t for t, sent in self.moved.items() if now - sent > PROMOTED_KEPT_S]:
+            del self.moved[tid]
+        stranded = [Candidate(tid, tenant, cpu, mem, gpu, tuple(sorted((needs or {}).items())))
+                    for tid, tenant, cpu, mem, gpu, needs, _ in rows if tid not in self.moved]  # fmt: skip
+        stranded = [c for c in stranded if any(c.fits(o) for o in offers)]
+        if not stranded:
+            return []
+        lanes = await self.route(conn, stranded, offers)
+        at = self.ctx.now_ms()
+        log.warning("batcher: %d task(s) queued in lanes no live worker reads (%s): moved to %s", len(stranded),
+                    ", ".join(sorted({lane for *_, lane in rows})), ", ".join(sorted(set(lanes))))  # fmt: skip
+        recs = [self.ctx.input(c.task_id, at, r.Promote(lane), f"{c.task_id}:move:{lane}:{at}")
+                for c, lane in zip(stranded, lanes, strict=True)]  # fmt: skip
+        await self.ctx.send_all(self.ctx.inputs_packed(recs))
+        for c in stranded:
+            self.moved[c.task_id] = now
+        return [c.task_id for c in stranded]
 
     async def choose(self, conn: psycopg.AsyncConnection[Any], offers: list[Offer]) -> list[Candidate]:
         """The tasks to promote now, in rank order, given the live workers' offers: reads the read model

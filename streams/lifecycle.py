@@ -340,9 +340,15 @@ class Lifecycle:
             case r.TimerFired(purpose="not_before"):
                 cmds.append(c.MarkReady("earliest start time reached", at))
             case r.Promote(lane=lane):
-                if record.state.status is not Status.READY:
+                st = record.state
+                if st.status is Status.QUEUED and lane != st.lane:
+                    # queued in a lane that has no live reader now (its only worker died): moved
+                    why = f"moved from lane {st.lane} to {lane}: no live worker reads {st.lane}"
+                    cmds.extend((c.UnqueueTask(why, at), c.QueueTask(lane, at)))
+                elif st.status is not Status.READY:
                     return  # promoted twice, or cancelled or queued since: nothing to do
-                cmds.append(c.QueueTask(lane, at))
+                else:
+                    cmds.append(c.QueueTask(lane, at))
             case r.CancelRequest(reason=why):
                 cmds.append(c.CancelTask(why, at))
             case r.LimitExceeded(claim_id=cid, limit=limit, reason=why, watcher=watcher):

@@ -504,3 +504,44 @@ def test_a_big_task_goes_to_the_lane_of_the_workers_that_fit_it_and_no_worker_is
         assert "big" in small.cli("workers").stdout
     finally:
         extra.stop()
+
+
+def test_tasks_routed_to_a_lane_whose_only_reader_died_are_moved_to_a_live_lane_and_run_once(
+    small: Stack, tmp_path: Path
+) -> None:
+    """A second worker reads lane `big` and is SIGKILLed; tasks submitted at once are routed by load to
+    both lanes while the batcher still counts it live (a lease after its last advertisement). Once it
+    does not, the tasks queued in `big`, which nobody reads, are moved to the default lane
+    (TaskUnqueued, then TaskQueued there) and run on the stack's worker: every task succeeds once, in
+    far less than TASKSTREAM_REQUEUE_MS (10 min), which before this stranded them for good."""
+    extra = Workers(small, tmp_path)
+    try:
+        argv = [sys.executable, "-m", "taskstream", "worker", "--index", "1", "--lane", "big", "--cpus", "8",
+                "--slots", "2"]  # fmt: skip
+        doomed = extra.start(1, *argv)
+
+        def both() -> bool:
+            rows = [w for w in json.loads(small.cli("workers", "--json").stdout) if w["live"]]
+            return len(rows) == 2 and any("big" in w["lanes"] for w in rows)
+
+        wait_until(both, 60, "both workers advertising, one the lane big")
+        doomed.kill()
+        doomed.wait(10)
+        tasks = [{"name": f"n{i}", "call": "time:sleep", "args": [0.2], "resources": {"cpu": 0.5}} for i in range(24)]
+        sid, ids = submit(small, tasks)
+        wait_until(lambda: all_succeeded(small, sid, 24), 120, "every task to succeed")
+    finally:
+        extra.stop()
+    log = history(small, set(ids.values()))
+    moved = []
+    for tid, evs in log.items():
+        kinds = [type(ev.payload).__name__ for ev in evs]
+        assert kinds.count("TaskSucceeded") == 1 and kinds.count("TaskStarted") == 1, story(small, tid)
+        lanes = [ev.payload.lane for ev in evs if isinstance(ev.payload, e.TaskQueued)]
+        if lanes[0] == "big":
+            unqueued = first(evs, e.TaskUnqueued)
+            assert unqueued is not None and "moved from lane big" in unqueued.payload.reason, story(small, tid)
+            assert lanes[-1] == "default", story(small, tid)
+            moved.append(tid)
+    assert moved, "no task was routed to the dead worker's lane: the case was not exercised"
+    print(f"{len(moved)} of 24 tasks moved from the dead lane big")

@@ -191,6 +191,19 @@ def test_a_queued_task_reprioritized_is_taken_back_and_its_old_queue_record_is_r
     assert decide(given_(QUEUED), c.ReprioritizeTask(0, 9)) == [e.TaskReprioritized(0, 0)]
 
 
+def test_a_queued_task_is_unqueued_only_while_unclaimed_and_queued_again_with_its_number() -> None:
+    """UnqueueTask (a move out of a lane nobody reads) takes a queued task back to READY with its
+    attempt's number given back; queued again in another lane it keeps that number. A claimed task is
+    not taken back."""
+    out = decide(given_(QUEUED), c.UnqueueTask("moved from lane big to default", 9))
+    assert out == [e.TaskUnqueued(1, "moved from lane big to default")]
+    back = given_([*QUEUED, *out])
+    assert (back.status, back.attempt) == (Status.READY, 0)
+    assert decide(back, c.QueueTask("default", 10)) == [e.TaskQueued(1, "default")]
+    assert isinstance(decide(given_(RUNNING), c.UnqueueTask("moved", 9)), Rejection)
+    assert isinstance(decide(back, c.UnqueueTask("moved", 9)), Rejection)
+
+
 def test_a_run_over_a_limit_is_ordered_killed_once_and_its_end_comes_from_its_worker() -> None:
     """The resource manager's order is recorded once per claim (a second watcher's is refused); the task
     stays running until its worker reports how the killed run ended, which fails the attempt as usual."""

@@ -401,3 +401,33 @@ def test_a_task_made_ready_while_the_gate_is_open_is_queued_and_claimed_in_that_
     assert [tid for tid, _ in handed] == ["t1"]
     assert [loads(lc.tasks[t.encode()]).state.status for t in ("t1", "t2", "t3")] == [
         Status.CLAIMED, Status.READY, Status.READY]  # fmt: skip
+
+
+def test_a_promote_into_another_lane_moves_a_queued_task_and_one_into_its_own_lane_changes_nothing() -> None:
+    """The batcher moves a task queued in a lane no live worker reads with a Promote into a live lane:
+    the owner takes it back and queues it there, with the same attempt's number, in one write (a queue
+    record to the new lane). A Promote into the lane it is already in is a duplicate: nothing."""
+    import asyncio
+
+    sent: list[Any] = []
+    lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (tid, version, ev))
+    lc.ctx.queue_for = lambda lane: f"queue:{lane}"  # type: ignore[attr-defined]
+    spec = TaskSpec("t", "acme", ("true",))
+    lc.tasks[b"t1"] = dumps(TaskRecord(TaskState("t1", Status.QUEUED, 4, spec, "s", attempt=1, lane="big")))
+
+    def promote(offset: int, lane: str) -> Any:
+        value = r.InputRecord(f"i{offset}", "t1", 100 + offset, "batcher", r.Promote(lane))
+        return SimpleNamespace(topic="inputs", partition=0, offset=offset, key=b"t1", value=value, headers={})
+
+    async def guard(message: Any, handling: Any) -> None:
+        await handling
+
+    asyncio.run(lc.on_batch([promote(1, "default"), promote(2, "default")], "events", guard))
+    assert len(sent) == 1
+    events = [x[2][2] for x in sent[0] if x[0] == "events"]
+    assert [type(ev).__name__ for ev in events] == ["TaskUnqueued", "TaskQueued"]
+    assert "moved from lane big to default" in events[0].reason
+    assert (events[1].attempt, events[1].lane) == (1, "default")
+    assert [(x[0], x[2].lane, x[2].attempt) for x in sent[0] if x[0] != "events"] == [("queue:default", "default", 1)]
+    state = loads(lc.tasks[b"t1"]).state
+    assert (state.status, state.lane, state.attempt) == (Status.QUEUED, "default", 1)

@@ -117,6 +117,15 @@ class EnforceLimit:
     at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class UnqueueTask:
+    """Take a queued, unclaimed task back to READY (its attempt's number given back), e.g. to queue it
+    in another lane: the lane it is queued in has no live reader."""
+
+    reason: str
+    at_ms: int
+
+
 Command = (
     SubmitTask
     | AdmitTask
@@ -132,4 +141,5 @@ Command = (
     | ExpireLease
     | ReleaseTask
     | EnforceLimit
+    | UnqueueTask
 )

@@ -33,6 +33,7 @@ TRANSITIONS: dict[type, frozenset[Status]] = {
     c.ExpireLease: frozenset({S.CLAIMED, S.RUNNING}),
     c.ReleaseTask: frozenset({S.CLAIMED, S.RUNNING}),
     c.EnforceLimit: frozenset({S.CLAIMED, S.RUNNING}),
+    c.UnqueueTask: frozenset({S.QUEUED}),
 }
 FENCED_KEPT = 8  # how many expired claims a task remembers (to refuse their late reports by name)
 
@@ -51,6 +52,7 @@ _VERBS: dict[type, str] = {
     c.ExpireLease: "expire the lease of",
     c.ReleaseTask: "release",
     c.EnforceLimit: "enforce a limit on",
+    c.UnqueueTask: "unqueue",
 }
 
 
@@ -127,6 +129,8 @@ def decide(state: TaskState, command: c.Command, rand: float = 0.0) -> list[e.Ev
                 why = f"reprioritized from {state.priority} to {p} while queued: ranked again"
                 return [changed, e.TaskUnqueued(attempt=state.attempt, reason=why)]
             return [changed]
+        case c.UnqueueTask(reason=why):
+            return [e.TaskUnqueued(attempt=state.attempt, reason=why)]
         case c.ExpireLease(claim_id=cid, limit=limit):
             return _expire(state, command, cid, limit)
         case c.ReleaseTask(claim_id=cid, reason=why):

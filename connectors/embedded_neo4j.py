@@ -80,6 +80,16 @@ def java_argv(settings: Settings, main: str, *args: str, heap_mb: int | None = N
     return [java.path, f"-Xmx{heap}m", f"-Xms{min(heap, 256)}m", *JVM_OPTIONS, *cds, "-cp", cp, main, *args]
 
 
+def new_password() -> str:
+    """A fresh password for the embedded server. Never one starting with '-': `neo4j-admin dbms
+    set-initial-password -8g...` takes it for an option and prints its usage (one in 64 does; seen
+    once in a CI run), as the Kafka storage tool did with such a cluster id."""
+    while True:
+        pw = secrets.token_urlsafe(24)
+        if not pw.startswith("-"):
+            return pw
+
+
 def prepare(settings: Settings) -> None:
     """Write the configuration; at the first start, generate the password and set it."""
     h = home(settings)
@@ -93,8 +103,8 @@ def prepare(settings: Settings) -> None:
             raise JvmError(f"{password_file(settings)} is missing: the Neo4j database in {h / 'data'} has a password")
         return
     pw = read_password(settings)
-    if pw is None:
-        pw = secrets.token_urlsafe(24)
+    if pw is None or pw.startswith("-"):  # none yet, or one a failed first start left (never accepted)
+        pw = new_password()
         path = password_file(settings)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

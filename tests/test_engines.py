@@ -185,6 +185,16 @@ def test_a_new_cluster_id_is_kafka_s_format_and_never_reads_as_an_option() -> No
     assert any("-" in i for i in ids)  # '-' stays a valid character elsewhere in the id
 
 
+def test_a_new_neo4j_password_never_reads_as_an_option_to_neo4j_admin() -> None:
+    """`neo4j-admin dbms set-initial-password -8g...` printed its usage: one random password in 64
+    starts with '-' (a CI run's stack failed to start so)."""
+    from taskstream.connectors import embedded_neo4j
+
+    pws = [embedded_neo4j.new_password() for _ in range(5000)]
+    assert all(len(p) == 32 and not p.startswith("-") for p in pws)
+    assert len(set(pws)) == len(pws) and any("-" in p for p in pws)
+
+
 def test_a_stored_cluster_id_is_kept_unless_it_starts_with_a_dash(tmp_path: Path) -> None:
     s = Settings(state_dir=tmp_path)
     first = embedded_kafka.cluster_id(s)

@@ -14,7 +14,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from taskstream.connectors.jvm import JVM_DIR, JvmError, class_data_options, ensure, kafka_engine
+from taskstream.connectors.jvm import JVM_DIR, JvmError, class_data_options, ensure, jit_options, kafka_engine
 
 from taskstream.settings import Settings
 
@@ -120,6 +120,7 @@ def java_argv(settings: Settings, main: str, *args: str, server: bool = False) -
         f"-Xmx{settings.kafka_heap_mb}m",
         f"-Xms{min(settings.kafka_heap_mb, 128)}m",
         *JVM_OPTIONS,
+        *jit_options(settings),
         *(class_data_options(settings, engine, java, cp) if server else ()),
         f"-Dlog4j2.configurationFile={LOG4J}",
         "-cp",

@@ -15,7 +15,7 @@ import secrets
 import subprocess
 from pathlib import Path
 
-from taskstream.connectors.jvm import JvmError, class_data_options, ensure, neo4j_engine
+from taskstream.connectors.jvm import JvmError, class_data_options, ensure, jit_options, neo4j_engine
 
 from taskstream.settings import Settings
 
@@ -77,7 +77,10 @@ def java_argv(settings: Settings, main: str, *args: str, heap_mb: int | None = N
     java, cp = ensure(settings, engine)
     heap = heap_mb or settings.neo4j_heap_mb
     cds = class_data_options(settings, engine, java, cp) if server else []
-    return [java.path, f"-Xmx{heap}m", f"-Xms{min(heap, 256)}m", *JVM_OPTIONS, *cds, "-cp", cp, main, *args]
+    return [
+        java.path, f"-Xmx{heap}m", f"-Xms{min(heap, 256)}m", *JVM_OPTIONS, *jit_options(settings), *cds,
+        "-cp", cp, main, *args,
+    ]  # fmt: skip
 
 
 def new_password() -> str:

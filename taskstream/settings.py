@@ -53,6 +53,11 @@ class Settings:
     java: str = ""
     maven_repo: str = ""
     jvm_cache: str = ""
+    # How the embedded Kafka and Neo4j JVMs compile: "quick" stops at the first tier (C1): on these
+    # 2 cores the second tier's (C2) compiler threads took about half of both servers' CPU, still after a
+    # 3,000-task warm-up (docs/measurements.md). "full": the JVM's default tiered compilation, for a
+    # long-running server with cores to spare.
+    jvm_jit: str = "quick"
     # Faust workers.
     workers: int = 1
     worker_slots: int = 4
@@ -229,6 +234,8 @@ class Settings:
             raise SettingsError(
                 f"TASKSTREAM_GRAPH_BACKEND={s.graph_backend!r}: expected 'neo4j' or 'ladybug' (or unset, to choose)"
             )
+        if s.jvm_jit not in ("quick", "full"):
+            raise SettingsError(f"TASKSTREAM_JVM_JIT={s.jvm_jit!r}: expected 'quick' (C1 only) or 'full'")
         if s.tenants not in ("open", "closed"):
             raise SettingsError(f"TASKSTREAM_TENANTS={s.tenants!r}: expected 'open' or 'closed'")
         for problem in _timing_problems(s):

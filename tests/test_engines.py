@@ -202,3 +202,28 @@ def test_a_stored_cluster_id_is_kept_unless_it_starts_with_a_dash(tmp_path: Path
     (embedded_kafka.home(s) / "cluster-id").write_text("-bad0123456789abcdefgh\n")
     again = embedded_kafka.cluster_id(s)
     assert not again.startswith("-") and embedded_kafka.cluster_id(s) == again
+
+
+@pytest.mark.parametrize("jit", ["quick", "full"])
+def test_the_embedded_engines_compile_with_c1_alone_unless_told_otherwise(tmp_path: Path, jit: str) -> None:
+    """TASKSTREAM_JVM_JIT: "quick" (the default) stops both JVMs at the first tier; C2's compiler threads
+    took half of their CPU on two cores (docs/measurements.md)."""
+    from taskstream.connectors import embedded_neo4j
+    from taskstream.settings import SettingsError
+
+    jar = tmp_path / "a.jar"
+    jar.write_bytes(b"PK")
+    env = {"TASKSTREAM_STATE_DIR": str(tmp_path), "TASKSTREAM_JVM_CACHE": str(tmp_path / "cache")}
+    env["TASKSTREAM_JAVA"] = str(fake_java(tmp_path, 'openjdk version "17.0.15" 2025-04-15'))
+    if jit == "full":
+        env["TASKSTREAM_JVM_JIT"] = "full"
+    s = Settings.from_env(env)
+    for engine in (jvm.kafka_engine(), jvm.neo4j_engine()):
+        path = jvm.cache_file(s, engine)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(jar))
+    for argv in (embedded_kafka.java_argv(s, "kafka.Kafka", server=True), embedded_neo4j.java_argv(s, "Main")):
+        assert ("-XX:TieredStopAtLevel=1" in argv) == (jit == "quick"), argv
+        assert argv.index("-cp") > max((i for i, a in enumerate(argv) if a.startswith("-XX:")), default=0)
+    with pytest.raises(SettingsError, match="TASKSTREAM_JVM_JIT='c2': expected 'quick'"):
+        Settings.from_env({**env, "TASKSTREAM_JVM_JIT": "c2"})

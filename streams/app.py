@@ -40,7 +40,7 @@ from taskstream.streams.context import Context
 from taskstream.streams.lanes import LaneReader
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.resources import ResourceManager
-from taskstream.streams.runner import Runners
+from taskstream.streams.runner import RUNNERS_DIR, Runners
 from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
 from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, InOrderAcks, LocalClaims, Reports
@@ -125,7 +125,8 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     def executor_for() -> Executor:
         if "keeper" not in waiter_holder:  # kills this worker's task processes if the worker dies
             waiter_holder["keeper"] = Keeper()
-            waiter_holder["runners"] = Runners(waiter_holder["keeper"])  # for callable tasks
+            # for callable tasks, with their scratch directories under the state directory's work/
+            waiter_holder["runners"] = Runners(waiter_holder["keeper"], s.state_dir / "work" / RUNNERS_DIR)
             waiter_holder["capacity"] = capacity
             waiter_holder["reports"] = Reports(ctx())  # what the executors send together goes as one
         ex = Executor(

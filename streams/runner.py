@@ -1,16 +1,25 @@
 """Callable tasks (`call: module:function`): run in long-lived runner processes, one call at a time.
 
 A task given as a callable does not pay for a new interpreter: the worker keeps up to `worker_slots`
-runner processes (`python -m taskstream.streams.runner`), each importing what its calls need once. A
-runner reads one request per line on its stdin (JSON: target, args, kwargs, env, cwd, output file) and
-answers one line on its own copy of the original stdout; while a call runs, its file descriptors 1 and
-2 point at the output file, so `print`, `logging` and C-level writes all land in the task's output tail.
+runner processes (`python -m taskstream.streams.runner SCRATCH`), each importing what its calls need
+once. A runner reads one request per line on its stdin (JSON: target, args, kwargs, env, cwd, keep,
+limit) and answers one line on its own copy of the original stdout: the exit status, the reason, and
+the tail of the call's output. While a call runs, its file descriptors 1 and 2 point at the runner's
+output file (`SCRATCH.out`, emptied before each call), so `print`, `logging` and C-level writes all
+land in the task's output tail.
+
+A call without a working directory of its own runs in the runner's scratch directory (`SCRATCH`),
+empty when the call starts; whatever the call leaves there is moved to `keep` (the attempt's folder
+under the state directory, work/TASK/ATTEMPT) and the scratch directory made anew. A call that leaves
+nothing costs no directory and no file of its own: on this machine's disk a folder and an output file
+per call took ~0.3 ms, a tenth of a worker's CPU per no-op task (docs/measurements.md).
 
 A runner is a process group of its own like an argv task's, with the same protections: the kernel
 kills it when its worker dies (PR_SET_PDEATHSIG), and so does the worker's keeper. Stopping a call
 (cancelled, over its cap, drained) kills the runner's group, SIGTERM then SIGKILL; the next call gets
-a fresh runner. What a call returns is not kept; an exception is printed to the output with its
-traceback and ends the attempt with exit status 1; `SystemExit(n)` ends it with status n.
+a fresh runner, and the worker moves what the stopped call left in the scratch directory to its
+`keep` (`Runner.keep_scratch`). What a call returns is not kept; an exception is printed to the output
+with its traceback and ends the attempt with exit status 1; `SystemExit(n)` ends it with status n.
 """
 
 from __future__ import annotations
@@ -22,12 +31,16 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import traceback
+from pathlib import Path
 from typing import Any
 
-from taskstream.connectors.keeper import Keeper, die_with_parent
+from taskstream.connectors.keeper import Keeper, die_with_parent, pid_alive
 
 RESULT_LIMIT = 1 << 20  # one answer line
+RUNNERS_DIR = ".runners"  # under the state directory's work/: the runners' scratch directories
+TAIL_LIMIT = RESULT_LIMIT // 8  # the most of a call's output an answer carries (escaped, it may grow 6x)
 
 
 class CallFailed(Exception):
@@ -37,8 +50,10 @@ class CallFailed(Exception):
 class Runner:
     """The worker's end of one runner process."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, scratch: Path) -> None:
         self.proc = proc
+        self.scratch = scratch  # where its calls without a working directory run
+        self.output = output_of(scratch)  # what its calls write to stdout and stderr
         self.retired = False  # its call was stopped: it is being killed, never reused
 
     @property
@@ -59,6 +74,22 @@ class Runner:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             await self.proc.wait()
 
+    def tail(self, limit: int) -> str:
+        """The last `limit` bytes of what its last call wrote (for a call that got no answer)."""
+        return read_tail(self.output, limit)
+
+    def keep_scratch(self, keep: Path) -> None:
+        """After a call that got no answer (stopped, or the runner died): move what the call left in the
+        scratch directory to `keep`, and remove the runner's files. Never raises: a task's leftovers
+        are not worth a worker's error."""
+        with contextlib.suppress(OSError):
+            if any(self.scratch.iterdir()):
+                keep_leftovers(self.scratch, keep)
+            else:
+                self.scratch.rmdir()
+        with contextlib.suppress(OSError):
+            self.output.unlink()
+
     async def call(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(request).encode() + b"\n")
@@ -75,21 +106,45 @@ class Runner:
 
 
 class Runners:
-    """Idle runners kept for the next call; a runner whose call was stopped is not reused."""
+    """Idle runners kept for the next call; a runner whose call was stopped is not reused. `scratch`:
+    the folder under which each runner gets a scratch directory of its own (named after this process
+    and a counter, so workers sharing a state directory never share one)."""
 
-    def __init__(self, keeper: Keeper | None) -> None:
+    def __init__(self, keeper: Keeper | None, scratch: Path | None = None) -> None:
         self.keeper = keeper
         self.idle: list[Runner] = []
+        self.scratch = scratch or Path(tempfile.gettempdir()) / "taskstream-runners"
+        self.started = 0
+
+    def sweep(self) -> None:
+        """Remove the output files and empty scratch directories of runners whose worker is gone (one
+        SIGKILLed takes its runners with it); a scratch directory a stopped call left files in stays."""
+        with contextlib.suppress(OSError):
+            for entry in self.scratch.iterdir():
+                pid = entry.name.split("-", 1)[0]
+                if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+                    continue
+                with contextlib.suppress(OSError):
+                    if entry.name.endswith(".out"):
+                        entry.unlink()
+                    else:
+                        entry.rmdir()
 
     async def acquire(self) -> Runner:
         while self.idle:
             runner = self.idle.pop()
             if runner.alive:
                 return runner
+        if not self.started:
+            self.sweep()
+        self.started += 1
+        scratch = self.scratch / f"{os.getpid()}-{self.started}"
+        scratch.mkdir(parents=True, exist_ok=True)
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "taskstream.streams.runner",
+            str(scratch),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
@@ -99,7 +154,7 @@ class Runners:
         )
         if self.keeper is not None:
             self.keeper.watch(proc.pid)
-        return Runner(proc)
+        return Runner(proc, scratch)
 
     def release(self, runner: Runner) -> None:
         if runner.alive:
@@ -115,6 +170,33 @@ class Runners:
         idle, self.idle = self.idle, []
         for runner in idle:
             await runner.close()
+            with contextlib.suppress(OSError):
+                runner.output.unlink()
+                runner.scratch.rmdir()  # left empty by every call that was answered
+
+
+def output_of(scratch: Path) -> Path:
+    return scratch.with_name(scratch.name + ".out")
+
+
+def read_tail(path: Path, limit: int) -> str:
+    """The last `limit` bytes of a file, as text ("" if it cannot be read)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def keep_leftovers(scratch: Path, keep: Path) -> None:
+    """Move the scratch directory's contents to `keep` (a name of its own beside it if an earlier run of
+    the same attempt left some there already)."""
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    target, n = keep, 1
+    while target.exists():
+        target, n = keep.with_name(f"{keep.name}.{n}"), n + 1
+    os.rename(scratch, target)
 
 
 # ---- the runner process ----------------------------------------------------------------------------
@@ -131,8 +213,11 @@ def resolve(target: str) -> Any:
     return obj
 
 
-def _run_one(req: dict[str, Any]) -> dict[str, Any]:
-    out = os.open(req["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _run_one(req: dict[str, Any], scratch: Path, out: int) -> dict[str, Any]:
+    """One call, its output into `out` (the runner's output file, emptied first), in its working
+    directory or else in `scratch`; what it leaves in `scratch` is moved to its `keep` folder."""
+    os.ftruncate(out, 0)
+    os.lseek(out, 0, os.SEEK_SET)
     saved_env = dict(os.environ)
     saved_cwd = os.getcwd()
     code, reason = 0, ""
@@ -143,7 +228,7 @@ def _run_one(req: dict[str, Any]) -> dict[str, Any]:
         os.dup2(out, 2)
         os.environ.clear()
         os.environ.update(req["env"])
-        os.chdir(req["cwd"])
+        os.chdir(req["cwd"] or scratch)
         try:
             resolve(req["target"])(*req["args"], **req["kwargs"])
         except SystemExit as exc:
@@ -158,14 +243,25 @@ def _run_one(req: dict[str, Any]) -> dict[str, Any]:
         os.dup2(null, 1)
         os.dup2(null, 2)
         os.close(null)
-        os.close(out)
         os.environ.clear()
         os.environ.update(saved_env)
         os.chdir(saved_cwd)
-    return {"exit_code": code, "reason": reason}
+    if req["cwd"] is None and any(scratch.iterdir()):  # the call left files: they are the attempt's
+        try:
+            keep_leftovers(scratch, Path(req["keep"]))
+        except OSError as exc:
+            reason = reason or f"its files could not be kept in {req['keep']}: {exc.strerror or exc}"
+        scratch.mkdir(exist_ok=True)
+    limit = min(int(req["limit"]), TAIL_LIMIT)
+    size = os.fstat(out).st_size
+    tail = os.pread(out, limit, max(0, size - limit)).decode("utf-8", errors="replace") if size else ""
+    return {"exit_code": code, "reason": reason, "tail": tail}
 
 
 def main() -> None:
+    scratch = Path(sys.argv[1])
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = os.open(output_of(scratch), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     requests = os.fdopen(os.dup(0), "rb")
     answers = os.fdopen(os.dup(1), "wb", buffering=0)
     null_in = os.open(os.devnull, os.O_RDONLY)
@@ -173,7 +269,7 @@ def main() -> None:
     null_out = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null_out, 1)
     for line in requests:
-        answer = _run_one(json.loads(line))
+        answer = _run_one(json.loads(line), scratch, out)
         answers.write(json.dumps(answer).encode() + b"\n")
 
 

@@ -40,7 +40,7 @@ from taskstream.connectors.keeper import Keeper, die_with_parent
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
 from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context
-from taskstream.streams.runner import CallFailed, Runner, Runners
+from taskstream.streams.runner import RUNNERS_DIR, CallFailed, Runner, Runners
 
 from taskstream.core import events as e
 from taskstream.core.batcher import DEFAULT_LANE, Candidate, Offer
@@ -480,10 +480,11 @@ class Executor:
         self.worker_id = worker_id
         self.waiter = waiter
         self.keeper = keeper
-        self.runners = runners if runners is not None else Runners(keeper)  # shared by a worker's executors
+        self.work_root = ctx.settings.state_dir / "work"
+        # shared by a worker's executors
+        self.runners = runners if runners is not None else Runners(keeper, self.work_root / RUNNERS_DIR)
         # the worker's slots and resources, shared by its executors: more executors claim than run
         self.capacity = capacity if capacity is not None else Capacity.of(ctx.settings)
-        self.work_root = ctx.settings.state_dir / "work"
         # lane -> whether a claim waiting for room there is to be given back (see GIVE_BACK_CHECK_S)
         self.excess: Any = lambda _lane: False
 
@@ -625,12 +626,11 @@ class Executor:
         limit = self.ctx.settings.output_tail_bytes
         run: _ProgramRun | _CallRun
         try:
-            if not spec.working_dir:
-                cwd.mkdir(parents=True, exist_ok=True)
-            if spec.call is not None:
-                attempt_dir.mkdir(parents=True, exist_ok=True)
-                run = await _CallRun.start(self.runners, spec, env, cwd, attempt_dir / "output", limit)
+            if spec.call is not None:  # in a runner's scratch directory unless it has its own (streams/runner.py)
+                run = await _CallRun.start(self.runners, spec, env, spec.working_dir, attempt_dir, limit)
             else:
+                if not spec.working_dir:
+                    cwd.mkdir(parents=True, exist_ok=True)
                 run = await _ProgramRun.start(spec, env, cwd, limit)
         except OSError as exc:
             what = spec.call.target if spec.call is not None else spec.argv[0]
@@ -771,15 +771,13 @@ class _ProgramRun:
 class _CallRun:
     """A callable task, run by one of the worker's runner processes (streams/runner.py)."""
 
-    def __init__(
-        self, runners: Runners, runner: Runner, answer: asyncio.Task[dict[str, Any]], output: Path, limit: int
-    ):
-        self.runners, self.runner, self.answer, self.output, self.limit = runners, runner, answer, output, limit
+    def __init__(self, runners: Runners, runner: Runner, answer: asyncio.Task[dict[str, Any]], keep: Path, limit: int):
+        self.runners, self.runner, self.answer, self.keep, self.limit = runners, runner, answer, keep, limit
         self.pid = runner.pid
 
     @classmethod
     async def start(
-        cls, runners: Runners, spec: Any, env: dict[str, str], cwd: Path, output: Path, limit: int
+        cls, runners: Runners, spec: Any, env: dict[str, str], cwd: str | None, keep: Path, limit: int
     ) -> _CallRun:
         call = spec.call
         request = {
@@ -787,11 +785,12 @@ class _CallRun:
             "args": json.loads(call.args_json),
             "kwargs": json.loads(call.kwargs_json),
             "env": env,
-            "cwd": str(cwd),
-            "output": str(output),
+            "cwd": cwd,  # None: the runner's scratch directory, what is left there moved to `keep`
+            "keep": str(keep),
+            "limit": limit,
         }
         runner = await runners.acquire()
-        return cls(runners, runner, asyncio.create_task(runner.call(request)), output, limit)
+        return cls(runners, runner, asyncio.create_task(runner.call(request)), keep, limit)
 
     async def wait(self) -> None:
         with contextlib.suppress(CallFailed):
@@ -804,25 +803,18 @@ class _CallRun:
     async def result(self) -> tuple[int | None, str, str]:
         try:
             answer = await self.answer
-            code, why = int(answer["exit_code"]), str(answer.get("reason", ""))
+            return int(answer["exit_code"]), str(answer.get("reason", "")), str(answer.get("tail", ""))
         except CallFailed as exc:
             await self.runner.proc.wait()
-            code, why = self.runner.proc.returncode, str(exc)
-        return code, why, self._tail()
-
-    def _tail(self) -> str:
-        try:
-            with self.output.open("rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - self.limit))
-                return f.read().decode("utf-8", errors="replace")
-        except OSError:
-            return ""
+            return self.runner.proc.returncode, str(exc), self.runner.tail(self.limit)
 
     def cleanup(self) -> None:
         if not self.answer.done():  # stopped, or the worker is going: this runner is not reused
             self.answer.cancel()
             self.runner.retired = True
             _kill_group(self.pid, signal.SIGKILL)
+        if not self.runner.alive:  # what its stopped call left is the attempt's
+            self.runner.keep_scratch(self.keep)
         self.runners.release(self.runner)
 
 

@@ -1,5 +1,6 @@
 """Callable tasks' runner processes (streams/runner.py), on real processes: output captured at the file
-descriptor, exit statuses, the environment and directory of each call, reuse, and a killed runner."""
+descriptor, exit statuses, the environment and directory of each call, reuse, a killed runner, and the
+scratch directory (empty for each call, what a call leaves kept as its attempt's)."""
 
 from __future__ import annotations
 
@@ -13,42 +14,49 @@ import pytest
 from taskstream.streams.runner import CallFailed, Runners, resolve
 
 
-def request(tmp: Path, target: str, *args: Any, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
+def request(
+    cwd: Path | None, target: str, *args: Any, env: dict[str, str] | None = None, keep: Path | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:  # fmt: skip
     return {
         "target": target,
         "args": list(args),
         "kwargs": kwargs,
         "env": env or {"PATH": os.environ["PATH"]},
-        "cwd": str(tmp),
-        "output": str(tmp / f"out-{target.replace(':', '-')}"),
+        "cwd": str(cwd) if cwd is not None else None,
+        "keep": str(keep or Path("/nonexistent/keep")),
+        "limit": 4096,
     }
 
 
 def test_calls_run_with_their_output_environment_and_directory_and_the_runner_is_reused(tmp_path: Path) -> None:
     async def go() -> None:
-        runners = Runners(None)
+        runners = Runners(None, tmp_path / "runners")
         runner = await runners.acquire()
         try:
             ok = await runner.call(request(tmp_path, "builtins:print", "[/x] hello", 42))
-            assert ok == {"exit_code": 0, "reason": ""}
-            assert (tmp_path / "out-builtins-print").read_text() == "[/x] hello 42\n"
+            assert ok == {"exit_code": 0, "reason": "", "tail": "[/x] hello 42\n"}
             # C-level writes to fd 1 land in the output too; env and cwd are the task's
             code = "import os; os.write(1, (os.getcwd() + ' ' + os.environ['TASKSTREAM_TASK_ID']).encode())"
             got = await runner.call(request(tmp_path, "builtins:exec", code, env={"TASKSTREAM_TASK_ID": "t-1"}))
-            assert got["exit_code"] == 0
-            assert (tmp_path / "out-builtins-exec").read_text() == f"{tmp_path} t-1"
+            assert got == {"exit_code": 0, "reason": "", "tail": f"{tmp_path} t-1"}  # the last call's output only
             boom = await runner.call(request(tmp_path, "operator:truediv", 1, 0))
-            assert boom == {"exit_code": 1, "reason": "raised ZeroDivisionError: division by zero"}
-            assert "Traceback" in (tmp_path / "out-operator-truediv").read_text()
+            assert (boom["exit_code"], boom["reason"]) == (1, "raised ZeroDivisionError: division by zero")
+            assert boom["tail"].startswith("Traceback")
+            assert boom["tail"].endswith("ZeroDivisionError: division by zero\n")
             assert (await runner.call(request(tmp_path, "sys:exit", 4)))["exit_code"] == 4
             missing = await runner.call(request(tmp_path, "no_such_module_here:f"))
             assert missing["exit_code"] == 1 and "No module named 'no_such_module_here'" in missing["reason"]
+            # only the last `limit` bytes come back
+            long = await runner.call({**request(tmp_path, "builtins:print", "x" * 5000 + "END"), "limit": 10})
+            assert long["tail"] == "xxxxxxEND\n"
             runners.release(runner)
             again = await runners.acquire()
             assert again is runner  # one interpreter for many calls
             # the runner's own environment was restored after each call
-            await again.call(request(tmp_path, "builtins:exec", "import os; print('TASKSTREAM_TASK_ID' in os.environ)"))
-            assert (tmp_path / "out-builtins-exec").read_text() == "False\n"
+            code = "import os; print('TASKSTREAM_TASK_ID' in os.environ)"
+            out = await again.call(request(tmp_path, "builtins:exec", code))
+            assert out["tail"] == "False\n"
         finally:
             runners.release(runner)
             await runners.close()
@@ -58,14 +66,22 @@ def test_calls_run_with_their_output_environment_and_directory_and_the_runner_is
 
 def test_a_killed_runner_fails_its_call_and_is_not_reused(tmp_path: Path) -> None:
     async def go() -> None:
-        runners = Runners(None)
+        runners = Runners(None, tmp_path / "runners")
         runner = await runners.acquire()
-        call = asyncio.create_task(runner.call(request(tmp_path, "time:sleep", 30)))
-        await asyncio.sleep(0.5)
+        code = "import os, time; open('half-done', 'w').write('1'); print('started', flush=True); time.sleep(30)"
+        call = asyncio.create_task(runner.call(request(None, "builtins:exec", code)))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if runner.tail(100):
+                break
         os.killpg(runner.pid, signal.SIGKILL)
         with pytest.raises(CallFailed, match="exit status -9"):
             await call
         await runner.close()
+        assert runner.tail(100) == "started\n"  # what the killed call printed, from the runner's file
+        runner.keep_scratch(tmp_path / "work" / "t" / "1")  # what it left is its attempt's
+        assert (tmp_path / "work" / "t" / "1" / "half-done").read_text() == "1"
+        assert not runner.scratch.exists() and not runner.output.exists()
         runners.release(runner)
         fresh = await runners.acquire()
         try:
@@ -84,3 +100,48 @@ def test_targets_resolve_through_dotted_attributes_and_must_be_callable() -> Non
         resolve("os:sep")
     with pytest.raises(AttributeError):
         resolve("os:no_such_function")
+
+
+def test_a_call_without_a_directory_runs_in_an_empty_scratch_one_and_what_it_leaves_is_its_attempt_s(
+    tmp_path: Path,
+) -> None:
+    """No folder or file is made for a call that leaves nothing; one that leaves files has them moved to
+    its `keep` folder (beside an earlier one of the same name), and the next call starts empty again."""
+
+    async def go() -> None:
+        runners = Runners(None, tmp_path / "runners")
+        runner = await runners.acquire()
+        work = tmp_path / "work"
+        try:
+            look = "import os; print(os.getcwd(), sorted(os.listdir('.')))"
+            first = await runner.call(request(None, "builtins:exec", look, keep=work / "a" / "1"))
+            assert first["tail"] == f"{runner.scratch} []\n"
+            assert not work.exists()  # nothing left, nothing made
+            write = "open('result.txt', 'w').write('42'); print('wrote')"
+            for _ in range(2):
+                done = await runner.call(request(None, "builtins:exec", write, keep=work / "b" / "1"))
+                assert done == {"exit_code": 0, "reason": "", "tail": "wrote\n"}
+            assert (work / "b" / "1" / "result.txt").read_text() == "42"
+            assert (work / "b" / "1.1" / "result.txt").read_text() == "42"  # the same attempt run again
+            again = await runner.call(request(None, "builtins:exec", look, keep=work / "c" / "1"))
+            assert again["tail"] == f"{runner.scratch} []\n"
+            assert sorted(p.name for p in work.iterdir()) == ["b"]
+        finally:
+            runners.release(runner)
+            await runners.close()
+        assert list((tmp_path / "runners").iterdir()) == []  # closed runners leave nothing behind
+
+    asyncio.run(go())
+
+
+def test_the_files_of_runners_whose_worker_died_are_swept_and_a_live_worker_s_are_not(tmp_path: Path) -> None:
+    scratch = tmp_path / "runners"
+    scratch.mkdir()
+    dead = 2**22 + 12345  # above pid_max's default: no process has it
+    for name in (f"{dead}-1", f"{os.getpid()}-1"):
+        (scratch / name).mkdir()
+        (scratch / f"{name}.out").write_text("tail")
+    (scratch / f"{dead}-2").mkdir()
+    (scratch / f"{dead}-2" / "left.txt").write_text("a stopped call's file")  # kept: not empty
+    Runners(None, scratch).sweep()
+    assert {p.name for p in scratch.iterdir()} == {f"{dead}-2", f"{os.getpid()}-1", f"{os.getpid()}-1.out"}

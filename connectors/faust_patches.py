@@ -106,29 +106,6 @@ def seek_uncommitted_to_beginning(topics: set[str]) -> None:
     AIOKafkaConsumerThread.seek_to_committed = seek_to_committed  # type: ignore[method-assign]
 
 
-def as_current_event(event: Any) -> Any:
-    """A context in which `event` is Faust's current event (faust.streams' context variable).
-
-    A Faust table writes a key to the changelog partition, and the RocksDB store to the partition
-    database, of the current event. Outside the stream's iteration there is none, and the lifecycle
-    saves a batch's records after the batch's events are durable (streams/lifecycle.py): each key is
-    written as the event it came in with."""
-    import contextlib
-    import weakref
-
-    from faust import streams
-
-    @contextlib.contextmanager
-    def current() -> Any:
-        token = streams._current_event.set(weakref.ref(event))
-        try:
-            yield
-        finally:
-            streams._current_event.reset(token)
-
-    return current()
-
-
 _HEARTBEAT_MARK = "_taskstream_heartbeats"
 _heard: list[tuple[str | None, Any]] = []  # (group, listener): what track_heartbeats was given
 

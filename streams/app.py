@@ -25,7 +25,6 @@ import faust
 from taskstream.connectors import broker
 from taskstream.connectors.faust_patches import (
     ack_processed_only,
-    as_current_event,
     read_committed_only,
     seek_uncommitted_to_beginning,
     track_heartbeats,
@@ -33,6 +32,7 @@ from taskstream.connectors.faust_patches import (
 from taskstream.connectors.kafka import faust_app_id, make_codec
 from taskstream.connectors.keeper import Keeper, Taken, hold
 from taskstream.connectors.services import ready_file
+from taskstream.connectors.table_state import TableState
 from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired, queued_tasks
 from taskstream.streams.batcher import Batcher, advert
@@ -100,7 +100,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     def lifecycle() -> Lifecycle:
         if "l" not in lifecycle_holder:
             lifecycle_holder["l"] = Lifecycle(
-                ctx(), tasks, timers, due_index, lambda m: as_current_event(m.event), tenure,
+                ctx(), TableState(tasks), TableState(timers), due_index, tenure,
                 lambda m: m.event.message.tp in app.consumer.assignment(),
             )  # fmt: skip
             if s.local_claims:

@@ -14,6 +14,7 @@ from aiokafka.errors import KafkaError
 from faust.exceptions import ProducerSendError
 from taskstream.connectors.kafka import lane_topic
 from taskstream.connectors.partitioning import partition_for
+from taskstream.connectors.table_state import ChangelogRecord
 from taskstream.schemas.codec import Codec
 from taskstream.schemas.records import (
     EVENT_HEADER,
@@ -250,6 +251,27 @@ class Context:
                 return
             except (KafkaError, ProducerSendError, OSError) as exc:
                 log.warning("send failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def send_changelog(self, records: list[ChangelogRecord]) -> dict[str, dict[int, int]]:
+        """Produce state changelog records (connectors/table_state.py) and wait until all are durable;
+        the last offset written per topic and partition. Retried as `send_all` is: a record written
+        twice holds the same value for its key. A batch's state is never written while an earlier
+        batch's is still on its way (the lifecycle waits for each), so a retry cannot land a key's
+        older value after its newer one."""
+        delay = 0.1
+        while True:
+            try:
+                futures = [await self.producer.send(t, k, v, p, None, None) for t, p, k, v in records]
+                last: dict[str, dict[int, int]] = {}
+                for fut in futures:
+                    meta = await fut
+                    parts = last.setdefault(meta.topic, {})
+                    parts[meta.partition] = max(parts.get(meta.partition, -1), meta.offset)
+                return last
+            except (KafkaError, ProducerSendError, OSError) as exc:
+                log.warning("changelog send failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

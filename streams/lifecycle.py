@@ -10,18 +10,20 @@ same ids, which every reader skips.
 
 Inputs come in batches (`on_batch`): each is decided in turn against the records as the batch left
 them, everything decided is written in one go and waited for once, and only then are the records and
-timers saved (each once, as the batch left it) and the batch acknowledged. One Kafka round trip and
-one table write per task per batch, rather than per input, is what the hot path costs.
+timers saved (each once, as the batch left it: one RocksDB write batch per partition, and their
+changelog records produced together and waited for once, connectors/table_state.py) and the batch
+acknowledged. One Kafka round trip for the events and one for the state per batch, rather than per
+input, is what the hot path costs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections import deque
 from typing import Any
 
+from taskstream.connectors.table_state import ChangelogRecord, KeyedState
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError, _plain, spec_from
 from taskstream.streams.context import EVENT_HEADER, Context, unit_random
@@ -53,7 +55,7 @@ class _Batch:
         self.sends: list[tuple[Any, str, Any]] = []
         self.tasks: dict[bytes, bytes] = {}
         self.timers: dict[bytes, bytes | None] = {}
-        self.source: dict[bytes, Any] = {}  # key -> the message it came with (saved as that one's)
+        self.source: dict[bytes, int] = {}  # key -> the partition of the message it came with (saved there)
         self.handoffs: list[tuple[r.QueuedTask, str]] = []  # claimed in-process: run once written
 
 
@@ -64,19 +66,16 @@ class Lifecycle:
     def __init__(
         self,
         ctx: Context,
-        tasks: Any,
-        timers: Any,
+        tasks: KeyedState,
+        timers: KeyedState,
         index: TimerIndex | None = None,
-        as_event: Any = None,
         tenure: Tenure | None = None,
         holds: Any = None,
     ) -> None:
         self.ctx = ctx
-        self.tasks = tasks  # faust Table: task id (bytes) -> TaskRecord JSON
-        self.timers = timers  # faust Table: task id (bytes) -> {"due": ms, "purpose": str}
+        self.tasks = tasks  # task id (bytes) -> TaskRecord JSON (connectors/table_state.py)
+        self.timers = timers  # task id (bytes) -> {"due": ms, "purpose": str}
         self.index = index or TimerIndex()  # when they are due (streams/timers.py)
-        # as_event(message): a context in which a table write is that message's (its partition's)
-        self.as_event = as_event or (lambda _message: contextlib.nullcontext())
         self._batch: _Batch | None = None
         self._message: Any = None  # the batch's message being handled
         # tenure: whether this worker's membership is confirmed (streams/tenure.py); holds(message):
@@ -92,23 +91,28 @@ class Lifecycle:
         raw = self._raw(task_id.encode())
         return loads(raw) if raw else TaskRecord(TaskState(task_id=task_id))
 
+    def _partition(self) -> int:
+        """The partition of the message being handled: the records of its tasks are kept there (inputs
+        and events are co-partitioned by task id). Outside a message (the pure tests) the state has none."""
+        return self._message.partition if self._message is not None else 0
+
     def _raw(self, key: bytes) -> bytes | None:
         """What the table holds for `key`, as the batch so far left it."""
         raw = self._batch.tasks.get(key) if self._batch is not None else None
-        return raw or self.tasks.get(key)  # type: ignore[no-any-return]
+        return raw or self.tasks.read(self._partition(), key)
 
     def _put(self, key: bytes, raw: bytes) -> None:
         """Keep `raw` for `key`: with the batch (saved once its writes are durable), or at once."""
         if self._batch is not None:
             self._batch.tasks[key] = raw
-            self._batch.source[key] = self._message
+            self._batch.source[key] = self._partition()
         else:
-            self.tasks[key] = raw
+            self.tasks.write(self._partition(), {key: raw})
 
     def _timer(self, key: bytes) -> bytes | None:
         if self._batch is not None and key in self._batch.timers:
             return self._batch.timers[key]
-        return self.timers.get(key)  # type: ignore[no-any-return]
+        return self.timers.read(self._partition(), key)
 
     async def _emit(self, sends: list[tuple[Any, str, Any]]) -> None:
         """Write records: at once outside a batch, with the batch's other records inside one. The tasks
@@ -161,16 +165,27 @@ class Lifecycle:
             raise
         for qt, cid in batch.handoffs:  # claimed in-process: recorded, so run
             self.local.hand(qt, cid)
-        for key, raw in batch.tasks.items():  # ... then remembered
-            with self.as_event(batch.source[key]):
-                self.tasks[key] = raw
+        await self._remember(batch)  # ... then remembered
+
+    async def _remember(self, batch: _Batch) -> None:
+        """Save the batch's records and timers, each in its message's partition, and wait until their
+        changelog records are durable: only then may the batch's inputs be acknowledged (a worker that
+        takes the partition over recovers the state from the changelog)."""
+        changelog: list[ChangelogRecord] = []
+        for state, items in ((self.tasks, batch.tasks), (self.timers, batch.timers)):
+            by_partition: dict[int, dict[bytes, bytes | None]] = {}
+            for key, value in items.items():
+                by_partition.setdefault(batch.source[key], {})[key] = value
+            for partition, writes in by_partition.items():
+                changelog.extend(state.write(partition, writes))
         for key, timer in batch.timers.items():
-            with self.as_event(batch.source[key]):
-                if timer is not None:
-                    self.timers[key] = timer
-                    self.index.note(key, int(json.loads(timer)["due"]))
-                elif key in self.timers:
-                    del self.timers[key]
+            if timer is not None:
+                self.index.note(key, int(json.loads(timer)["due"]))
+        if changelog:
+            durable = await self.ctx.send_changelog(changelog)
+            for state in (self.tasks, self.timers):
+                for partition, offset in durable.get(state.changelog_topic, {}).items():
+                    state.persisted(partition, offset)
 
     async def on_message(self, message: Any, events_topic: str) -> None:
         if message.topic == events_topic:
@@ -552,17 +567,17 @@ class Lifecycle:
         raw = json.dumps(timer).encode()
         if self._batch is not None:
             self._batch.timers[key] = raw
-            self._batch.source[key] = self._message
+            self._batch.source[key] = self._partition()
             return
-        self.timers[key] = raw
+        self.timers.write(self._partition(), {key: raw})
         self.index.note(key, int(timer["due"]))
 
     def _clear_timer(self, key: bytes) -> None:
         if self._batch is not None:
             self._batch.timers[key] = None
-            self._batch.source[key] = self._message
-        elif key in self.timers:
-            del self.timers[key]
+            self._batch.source[key] = self._partition()
+        else:
+            self.timers.write(self._partition(), {key: None})
 
     def _save(self, record: TaskRecord, timer: Any) -> None:
         """Remember the task (only once its events are durable) and set, clear or keep its timer:

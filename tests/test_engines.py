@@ -209,6 +209,7 @@ def test_the_embedded_engines_compile_with_c1_alone_unless_told_otherwise(tmp_pa
     """TASKSTREAM_JVM_JIT: "quick" (the default) stops both JVMs at the first tier; C2's compiler threads
     took half of their CPU on two cores (docs/measurements.md)."""
     from taskstream.connectors import embedded_neo4j
+
     from taskstream.settings import SettingsError
 
     jar = tmp_path / "a.jar"

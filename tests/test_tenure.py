@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from taskstream.connectors.table_state import MemoryState
 from taskstream.schemas import records as r
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
@@ -82,7 +83,7 @@ class Recording:
     def message(self, task_id: str, body: Any, input_id: str) -> Any:
         rec = self.ctx.input(task_id, 5_000, body, input_id)
         value = self.ctx.codec.encode(rec)
-        return SimpleNamespace(topic=self.ctx.settings.topic("task-inputs"), value=value, task_id=task_id)
+        return SimpleNamespace(topic=self.ctx.settings.topic("task-inputs"), partition=0, value=value, task_id=task_id)
 
 
 async def _guard(_message: Any, handling: Any) -> None:
@@ -91,8 +92,8 @@ async def _guard(_message: Any, handling: Any) -> None:
 
 def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_still_held() -> None:
     rec = Recording()
-    tasks = {b"kept": queued("kept"), b"lost": queued("lost")}
-    timers: dict[bytes, bytes] = {}
+    tasks = MemoryState({b"kept": queued("kept"), b"lost": queued("lost")})
+    timers = MemoryState()
     tenure = Tenure(6.0)
     held = {"kept", "lost"}
     lc = Lifecycle(rec.ctx, tasks, timers, tenure=tenure, holds=lambda m: m.task_id in held)
@@ -121,8 +122,8 @@ def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_s
 
 def test_without_a_rebalance_the_batch_is_written_once() -> None:
     rec = Recording()
-    tasks = {b"a": queued("a")}
-    lc = Lifecycle(rec.ctx, tasks, {}, tenure=Tenure(6.0), holds=lambda m: pytest.fail("not asked"))
+    tasks = MemoryState({b"a": queued("a")})
+    lc = Lifecycle(rec.ctx, tasks, MemoryState(), tenure=Tenure(6.0), holds=lambda m: pytest.fail("not asked"))
     asyncio.run(lc.on_batch([rec.message("a", r.ClaimRequest(1, "w0", "c"), "i")], "events", _guard))
     members = [m for _, _, x in rec.sent if isinstance(x, r.EventRecord) for m in r.task_events(x)]
     assert [type(m.payload) for m in members] == [e.TaskClaimed]

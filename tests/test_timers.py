@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from taskstream.connectors.table_state import MemoryState
 from taskstream.schemas import records as r
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
@@ -47,7 +48,7 @@ def lifecycle(**settings: Any) -> Lifecycle:
     ctx = SimpleNamespace(
         settings=Settings(**settings), inputs="inputs", input=make_input, queue_for=lambda lane: f"queue:{lane}"
     )
-    return Lifecycle(ctx, {}, {})  # type: ignore[arg-type]
+    return Lifecycle(ctx, MemoryState(), MemoryState())  # type: ignore[arg-type]
 
 
 def batching_lifecycle(sent: list[Any], event: Any) -> Lifecycle:
@@ -146,7 +147,7 @@ def test_a_queued_task_gets_a_requeue_timer_that_its_claim_replaces() -> None:
     assert rec.state.status is Status.CLAIMED and timer == {"due": 12_200, "purpose": "lease"}
 
 
-class _Tables(dict):  # type: ignore[type-arg]
+class _Tables(MemoryState):
     """A table that notes every write, and whether the batch's records had been sent by then."""
 
     def __init__(self, sent: list[Any]) -> None:

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import faust
+from faust.types import TP
 from taskstream.connectors import broker
 from taskstream.connectors.faust_patches import (
     ack_processed_only,
@@ -37,13 +38,22 @@ from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired, queued_tasks
 from taskstream.streams.batcher import Batcher, advert
 from taskstream.streams.context import Context
+from taskstream.streams.inbox import Inbox
 from taskstream.streams.lanes import LaneReader
 from taskstream.streams.lifecycle import Lifecycle
 from taskstream.streams.resources import ResourceManager
 from taskstream.streams.runner import RUNNERS_DIR, Runners
 from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
-from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, InOrderAcks, LocalClaims, Reports
+from taskstream.streams.worker import (
+    Capacity,
+    ClaimWaiter,
+    Executor,
+    Heartbeats,
+    InOrderAcks,
+    LocalClaims,
+    Reports,
+)
 
 from taskstream.settings import Settings, lanes_of
 
@@ -97,22 +107,73 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     tenure = Tenure(s.worker_session_timeout_ms / 1000)  # the lifecycle writes only while it holds
     track_heartbeats(tenure.heard, faust_app_id(s))  # the workers' group's, not a lane's
 
+    def holds(m: Any) -> bool:
+        """Whether the partition of message `m` (consumed, or handed over in-process) is this worker's."""
+        return TP(m.topic, m.partition) in app.consumer.assignment()
+
+    def held(partition: int) -> bool:
+        """Whether an input to a task of `partition` may be handed to this worker's lifecycle in-process:
+        the partition is this worker's and no rebalance is under way (its state may be recovering)."""
+        return not app.rebalancing and TP(inputs_topic, partition) in app.consumer.assignment()
+
+    inputs_topic = s.topic("task-inputs")
+    inbox_holder: dict[str, Inbox] = {}
+
+    def inbox() -> Inbox | None:
+        if not s.local_inputs:
+            return None
+        if "i" not in inbox_holder:
+            inbox_holder["i"] = Inbox(inputs_topic, ctx().partition, held, ctx().codec)
+        return inbox_holder["i"]
+
     def lifecycle() -> Lifecycle:
         if "l" not in lifecycle_holder:
-            lifecycle_holder["l"] = Lifecycle(
-                ctx(), TableState(tasks), TableState(timers), due_index, tenure,
-                lambda m: m.event.message.tp in app.consumer.assignment(),
-            )  # fmt: skip
+            lifecycle_holder["l"] = Lifecycle(ctx(), TableState(tasks), TableState(timers), due_index, tenure, holds)
             if s.local_claims:
                 lifecycle_holder["l"].local = local
+            lifecycle_holder["l"].inbox = inbox()
         return lifecycle_holder["l"]
+
+    deciding = asyncio.Lock()  # the lifecycle decides one batch at a time, from Faust or from the inbox
+
+    async def decide(messages: list[Any]) -> None:
+        async with deciding:
+            await lifecycle().on_batch(messages, events_topic, lambda m, h: _guarded(ctx(), m, "lifecycle", h))
+
+    events_topic = s.topic("events")
 
     @app.agent(owned, name="lifecycle")
     async def lifecycle_agent(stream: Any) -> None:
-        events_topic = s.topic("events")
         async for batch in stream.take_events(LIFECYCLE_BATCH, LIFECYCLE_WITHIN_S):
-            messages = [_Msg(event) for event in batch]
-            await lifecycle().on_batch(messages, events_topic, lambda m, h: _guarded(ctx(), m, "lifecycle", h))
+            await decide([_Msg(event) for event in batch])
+
+    @app.task
+    async def local_inputs() -> None:
+        """Inputs handed over in-process (streams/inbox.py), decided in batches of what has arrived.
+        Those whose partition is not held once a rebalance is over go through the broker."""
+        box = inbox()
+        if box is None:
+            return
+        while True:
+            taken = await box.take()
+            while app.rebalancing:
+                await asyncio.sleep(0.02)
+            try:
+                away = [item for item, _ in taken if not holds(item)]
+                if away:
+                    await lifecycle().reroute(away)
+                here = [item for item, _ in taken if holds(item)]
+                if here:
+                    await decide(here)
+            except Exception as exc:  # a bug: the reporters hear of it (decide dead-letters what raises)
+                log.exception("inputs handed over in-process could not be decided")
+                for _, fut in taken:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for _, fut in taken:
+                if not fut.done():
+                    fut.set_result(None)
 
     worker_id = node
     waiter_holder: dict[str, Any] = {}
@@ -128,10 +189,12 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             # for callable tasks, with their scratch directories under the state directory's work/
             waiter_holder["runners"] = Runners(waiter_holder["keeper"], s.state_dir / "work" / RUNNERS_DIR)
             waiter_holder["capacity"] = capacity
-            waiter_holder["reports"] = Reports(ctx())  # what the executors send together goes as one
+            # what the executors send together goes as one; to this worker's own lifecycle in-process
+            waiter_holder["reports"] = Reports(ctx(), inbox())
+            waiter_holder["heartbeats"] = Heartbeats(ctx(), waiter_holder["reports"])  # one loop for every claim
         ex = Executor(
             ctx(), worker_id, waiter_holder["w"], waiter_holder["keeper"], waiter_holder["runners"],
-            waiter_holder["capacity"], waiter_holder["reports"],
+            waiter_holder["capacity"], waiter_holder["reports"], waiter_holder["heartbeats"],
         )  # fmt: skip
         ex.excess = local.excess  # the claims a worker alone took beyond its room, once it is not alone
         return ex

@@ -27,6 +27,7 @@ from taskstream.connectors.table_state import ChangelogRecord, KeyedState
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError, _plain, spec_from
 from taskstream.streams.context import EVENT_HEADER, Context, unit_random
+from taskstream.streams.inbox import Inbox, LocalInput
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
 from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
@@ -59,6 +60,11 @@ class _Batch:
         self.handoffs: list[tuple[r.QueuedTask, str]] = []  # claimed in-process: run once written
 
 
+# A batch decides the signals it sends to tasks held here in at most this many rounds (a round per hop:
+# one task ending makes its dependents ready, which sends nothing more until they run).
+ECHO_ROUNDS = 8
+ECHOED = (r.PrerequisiteEnded, r.WatchPrerequisite)  # the signals one task's owner sends another's
+
 _NO_TIMER = (e.TaskReady, e.TaskUnqueued, e.TaskCancelled, e.TaskSucceeded, e.TaskDeadLettered)  # timer cleared
 
 
@@ -85,6 +91,9 @@ class Lifecycle:
         # local: claims decided for this worker itself as tasks are queued (streams/worker.LocalClaims);
         # None: every queued task goes to the queue
         self.local: Any = None
+        # inbox: signals to tasks whose partition this worker holds are decided in the batch that sent
+        # them, besides being written (streams/inbox.py); None: they wait for their copy from the log
+        self.inbox: Inbox | None = None
         self._handoffs: list[tuple[r.QueuedTask, str]] = []  # decided, not yet in a write
 
     def load(self, task_id: str) -> TaskRecord:
@@ -142,12 +151,19 @@ class Lifecycle:
         messages of partitions still held are decided again, against the table as it is now."""
         rebalances = self.tenure.completed if self.tenure is not None else 0
         batch = self._batch = _Batch()
+        todo, seen, rounds = list(messages), 0, 0
         try:
-            for message in messages:
-                self._message = message
-                await guard(message, self.on_message(message, events_topic))
-                self._drop_handoffs(self._handoffs)  # of a message whose handling raised before its write
-                self._handoffs = []
+            while todo:
+                for message in todo:
+                    self._message = message
+                    await guard(message, self.on_message(message, events_topic))
+                    self._drop_handoffs(self._handoffs)  # of a message whose handling raised before its write
+                    self._handoffs = []
+                # signals just decided for tasks held here are decided in this batch too (streams/inbox.py)
+                todo, seen = self._echoes(batch.sends, seen), len(batch.sends)
+                rounds += 1
+                if rounds >= ECHO_ROUNDS:
+                    break  # the rest arrive from the log
         finally:
             self._batch = self._message = None
         if self.tenure is not None and await self.tenure.settled() != rebalances:
@@ -155,6 +171,7 @@ class Lifecycle:
             kept = [m for m in messages if self.holds(m)]
             log.info("a rebalance came before a batch was written: %d of %d input(s) decided again",
                      len(kept), len(messages))  # fmt: skip
+            await self.reroute([m for m in messages if not self.holds(m)])
             if kept:
                 await self.on_batch(kept, events_topic, guard)
             return
@@ -166,6 +183,28 @@ class Lifecycle:
         for qt, cid in batch.handoffs:  # claimed in-process: recorded, so run
             self.local.hand(qt, cid)
         await self._remember(batch)  # ... then remembered
+
+    def _echoes(self, sends: list[tuple[Any, str, Any]], start: int) -> list[LocalInput]:
+        """The inputs among `sends[start:]` addressed to tasks whose partition this worker holds, as local
+        inputs to decide in this batch. They are written all the same: a copy in the log outlives this
+        worker, and changes nothing when it arrives (`_input`)."""
+        if self.inbox is None:
+            return []
+        out = []
+        for topic, _key, rec in sends[start:]:
+            if topic is self.ctx.inputs and type(rec) is r.InputRecord and type(rec.body) in ECHOED:
+                local = self.inbox.local(rec, logged=True)
+                if local is not None:
+                    out.append(local)
+        return out
+
+    async def reroute(self, messages: list[Any]) -> None:
+        """Inputs handed over in-process and never written whose partition was given away before they
+        were decided: through the broker to its new owner."""
+        lost = [m.record for m in messages if isinstance(m, LocalInput) and not m.logged]
+        if lost:
+            log.info("%d input(s) handed over in-process go through the broker: their partition moved", len(lost))
+            await self.ctx.send_all(self.ctx.inputs_packed(lost))
 
     async def _remember(self, batch: _Batch) -> None:
         """Save the batch's records and timers, each in its message's partition, and wait until their
@@ -245,6 +284,9 @@ class Lifecycle:
             self._save(record, timer)  # ... then remembered
 
     async def _on_input(self, message: Any) -> None:
+        if type(message) is LocalInput:
+            await self._input(message.record)
+            return
         try:
             inp = self.ctx.codec.decode("input", message.value)
         except DecodeError as err:
@@ -295,6 +337,8 @@ class Lifecycle:
                     record.not_admitted = True
                     sends.extend(self._not_admitted_signal(inp.task_id, d, at) for d in record.dependents)
             case r.PrerequisiteEnded(prerequisite=pre, succeeded=ok, outcome=outcome):
+                if record.ended.get(pre) == outcome:
+                    return  # heard already (decided in the batch that sent it, streams/inbox.py)
                 record.ended[pre] = outcome
                 if record.state.status is Status.WAITING:
                     if not ok and outcome == NOT_ADMITTED:

@@ -40,6 +40,7 @@ from taskstream.connectors.keeper import Keeper, die_with_parent
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError
 from taskstream.streams.context import EVENT_HEADER, KINDS_HEADER, Context
+from taskstream.streams.inbox import Inbox
 from taskstream.streams.runner import RUNNERS_DIR, CallFailed, Runner, Runners
 
 from taskstream.core import events as e
@@ -106,12 +107,15 @@ class InOrderAcks:
 class Reports:
     """A worker's inputs to the task owners (claims, starts, finishes, heartbeats, releases) that come at
     the same moment go out in one write, those of one partition in one record (records.Inputs): each
-    record costs the owner a delivery through Faust's machinery, and its worker a produce call.
+    record costs the owner a delivery through Faust's machinery, and its worker a produce call. Those
+    on tasks whose partition this worker's own lifecycle holds are handed to it in-process instead
+    (streams/inbox.py).
     `send` returns once its input is durable; it adds no wait (the write goes out in the event loop's
     next turn with whatever the other executors sent in this one)."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, inbox: Inbox | None = None) -> None:
         self.ctx = ctx
+        self.inbox = inbox  # reports on tasks whose partition this worker holds are handed over there
         self.waiting: list[tuple[r.InputRecord, asyncio.Future[None]]] = []
         self.flushes: set[asyncio.Task[None]] = set()
 
@@ -126,6 +130,17 @@ class Reports:
 
     async def _flush(self) -> None:
         waiting, self.waiting = self.waiting, []
+        if self.inbox is not None:  # to this worker's own lifecycle in-process, where it owns the task
+            remote = []
+            for rec, fut in waiting:
+                local = self.inbox.local(rec)
+                if local is None:
+                    remote.append((rec, fut))
+                else:
+                    self.inbox.put(local, fut)
+            waiting = remote
+            if not waiting:
+                return
         sends = self.ctx.inputs_packed([rec for rec, _ in waiting])
         try:
             await self.ctx.send_all(sends)  # retried until the broker takes it
@@ -141,6 +156,45 @@ class Reports:
         for _, fut in waiting:
             if not fut.done():
                 fut.set_result(None)
+
+
+class Heartbeats:
+    """Keeps the lease of every claim a worker holds alive: one loop for all of them, every heartbeat_ms,
+    their heartbeats sent together (Reports: one record per partition, or in-process to the worker's
+    own lifecycle) rather than a timer task per claim. A claim's first heartbeat comes within
+    heartbeat_ms of its claim; each moves its lease to lease_ms after it."""
+
+    def __init__(self, ctx: Context, reports: Reports | None) -> None:
+        self.ctx = ctx
+        self.reports = reports
+        self.held: dict[str, list[Any]] = {}  # claim id -> [task id, heartbeats sent]
+        self.loop: asyncio.Task[None] | None = None
+
+    def hold(self, task_id: str, claim_id: str) -> None:
+        self.held[claim_id] = [task_id, 0]
+        if self.loop is None or self.loop.done():
+            self.loop = asyncio.ensure_future(self._beat())
+
+    def drop(self, claim_id: str) -> None:
+        self.held.pop(claim_id, None)
+
+    async def _beat(self) -> None:
+        every = self.ctx.settings.heartbeat_ms / 1000
+        while True:
+            await asyncio.sleep(every)
+            now = self.ctx.now_ms()
+            recs = []
+            for claim_id, held in list(self.held.items()):
+                held[1] += 1
+                body = r.Heartbeat(claim_id)
+                recs.append(self.ctx.input(held[0], now, body, f"{claim_id}:beat:{held[1]}"))
+            if not recs:
+                continue
+            with contextlib.suppress(Exception):  # a lost heartbeat is what leases are for
+                if self.reports is not None:
+                    await asyncio.gather(*(self.reports.send(rec) for rec in recs))
+                else:
+                    await self.ctx.send_all(self.ctx.inputs_packed(recs))
 
 
 class ClaimWaiter:
@@ -389,6 +443,14 @@ class Capacity:
         return (u[0] < self.slots and u[1] + res.cpu <= self.cpus + 1e-9 and u[2] + res.memory_mb <= self.memory_mb
                 and u[3] + res.gpu <= self.gpus)  # fmt: skip
 
+    def try_take(self, res: Any) -> bool:
+        """Take the task's needs if they fit now (True); else take nothing (False)."""
+        if not self._fits(res):
+            return False
+        u = self.used
+        u[0], u[1], u[2], u[3] = u[0] + 1, u[1] + res.cpu, u[2] + res.memory_mb, u[3] + res.gpu
+        return True
+
     async def take(self, res: Any) -> None:
         while not self._fits(res):
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -474,9 +536,11 @@ class Executor:
         runners: Runners | None = None,
         capacity: Capacity | None = None,
         reports: Reports | None = None,
+        heartbeats: Heartbeats | None = None,
     ) -> None:
         self.ctx = ctx
         self.reports = reports  # shared by a worker's executors: what they send together goes as one
+        self.heartbeats = heartbeats if heartbeats is not None else Heartbeats(ctx, reports)  # shared too
         self.worker_id = worker_id
         self.waiter = waiter
         self.keeper = keeper
@@ -543,7 +607,7 @@ class Executor:
         """Hold a won claim (counted in `capacity.claims`, uncounted here): heartbeats from now on, wait
         for room, run, report."""
         self.waiter.won(qt.task_id, claim_id)
-        beats = asyncio.create_task(self._heartbeats(qt.task_id, claim_id))  # from the claim on, not the start
+        self.heartbeats.hold(qt.task_id, claim_id)  # from the claim on, not the start
         counted = True
         try:
             try:
@@ -575,11 +639,13 @@ class Executor:
         finally:
             if counted:
                 self.capacity.claims -= 1
-            beats.cancel()
+            self.heartbeats.drop(claim_id)
 
     async def _room(self, qt: r.QueuedTask) -> bool:
         """Wait until the task fits (True), or until the claim is one too many (False: give it back, so
         the worker that came meanwhile can run it)."""
+        if self.capacity.try_take(qt.spec.resources):
+            return True  # fits now: no wait (nor a timer for one)
         while True:
             try:
                 await asyncio.wait_for(self.capacity.take(qt.spec.resources), GIVE_BACK_CHECK_S)
@@ -587,16 +653,6 @@ class Executor:
             except TimeoutError:
                 if self.excess(qt.lane):
                     return False
-
-    async def _heartbeats(self, task_id: str, claim_id: str) -> None:
-        """Keep the claim's lease alive while this worker holds it (every heartbeat_ms)."""
-        every = self.ctx.settings.heartbeat_ms / 1000
-        n = 0
-        while True:
-            await asyncio.sleep(every)
-            n += 1
-            with contextlib.suppress(Exception):  # a lost heartbeat is what leases are for
-                await self._report(task_id, self.ctx.now_ms(), r.Heartbeat(claim_id), f"{claim_id}:beat:{n}")
 
     async def _report(self, task_id: str, at: int, body: Any, input_id: str, start: Any = None) -> None:
         """Send one report and wait until it is durable. `start`: the run's start report, held back (see
@@ -659,7 +715,7 @@ class Executor:
         start = _StartReport(self, qt.task_id, claim_id, run.pid)
         reason = ""
         try:
-            ended = asyncio.ensure_future(run.wait())
+            ended = run.ended()
             await asyncio.wait({ended, cancelled}, timeout=spec.execution_cap_ms / 1000, return_when=FIRST_COMPLETED)
             if not ended.done():
                 ended.cancel()
@@ -707,25 +763,29 @@ class Executor:
 
 class _StartReport:
     """A run's start report, sent START_REPORT_AFTER_S after the start unless taken first (to go out with
-    the run's end). `take()` gives (at, body, input id) if it was not sent yet, else None."""
+    the run's end). `take()` gives (at, body, input id) if it was not sent yet, else None. A timer
+    handle, not a task: most runs here end before it is due."""
 
     def __init__(self, executor: Executor, task_id: str, claim_id: str, pid: int) -> None:
         self.report = (executor.ctx.now_ms(), r.StartReport(claim_id, pid), f"{claim_id}:start")
-        self.sending = False
-        self.sent = asyncio.create_task(self._later(executor, task_id))
+        self.executor, self.task_id = executor, task_id
+        self.sent: asyncio.Future[None] | None = None  # the report on its way, once due
+        self.taken = False
+        self.due = asyncio.get_running_loop().call_later(START_REPORT_AFTER_S, self._send)
 
-    async def _later(self, executor: Executor, task_id: str) -> None:
-        await asyncio.sleep(START_REPORT_AFTER_S)
-        self.sending = True
-        await executor._report(task_id, *self.report)
+    def _send(self) -> None:
+        if not self.taken:
+            self.sent = asyncio.ensure_future(self.executor._report(self.task_id, *self.report))
 
     async def take(self) -> tuple[int, Any, str] | None:
-        if not self.sending:
-            self.sent.cancel()
-            self.sending = True
+        if self.sent is None and not self.taken:
+            self.due.cancel()
+            self.taken = True
             return self.report
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.shield(self.sent)  # a report after it, never before
+        self.taken = True
+        if self.sent is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(self.sent)  # a report after it, never before
         return None
 
 
@@ -753,6 +813,10 @@ class _ProgramRun:
 
     async def wait(self) -> None:
         await asyncio.shield(self.proc.wait())
+
+    def ended(self) -> asyncio.Future[Any]:
+        """Done when the process has ended (cancelling it leaves the process be)."""
+        return asyncio.ensure_future(self.wait())
 
     async def stop(self, grace_s: float) -> None:
         await _terminate(self.proc, grace_s)
@@ -796,6 +860,12 @@ class _CallRun:
         with contextlib.suppress(CallFailed):
             await asyncio.shield(self.answer)
 
+    def ended(self) -> asyncio.Future[Any]:
+        """Done when the call has answered or its runner died (cancelling it leaves the call be)."""
+        fut = asyncio.shield(self.answer)
+        fut.add_done_callback(_retrieved)  # a failed call is `result()`'s to tell
+        return fut
+
     async def stop(self, grace_s: float) -> None:
         self.runner.retired = True
         await _terminate(self.runner.proc, grace_s)
@@ -816,6 +886,11 @@ class _CallRun:
         if not self.runner.alive:  # what its stopped call left is the attempt's
             self.runner.keep_scratch(self.keep)
         self.runners.release(self.runner)
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def _terminate(proc: Any, grace_s: float) -> None:

@@ -74,6 +74,11 @@ class Settings:
     # once, if that worker has a slot free, instead of waiting READY for the next round
     # (core/batcher.Gate). 0: every ready task waits for a round. Needs local_claims.
     ready_at_once: int = 1
+    # 1: a worker's reports on tasks whose partition its own lifecycle holds (start, finish, heartbeats,
+    # claims, releases) are handed to it in-process instead of through task-inputs, and a signal to a
+    # task held here (PrerequisiteEnded, WatchPrerequisite) is decided in the batch that sends it, as
+    # well as written (streams/inbox.py). 0: every input goes through the broker.
+    local_inputs: int = 1
     # What a worker offers (advertised every heartbeat_ms, streams/worker.py): it runs a task only while
     # the task's cpu, memory_mb and gpu fit what its running tasks leave free. 0 cpus: one per slot;
     # 0 memory: the machine's. worker_labels: "k=v,k2=v2".
@@ -293,6 +298,8 @@ def _timing_problems(s: Settings) -> list[str]:
             out.append(f"TASKSTREAM_{name.upper()}={getattr(s, name)} must be between 0 and 60000")
     if s.local_claims not in (0, 1):
         out.append(f"TASKSTREAM_LOCAL_CLAIMS={s.local_claims} must be 0 or 1")
+    if s.local_inputs not in (0, 1):
+        out.append(f"TASKSTREAM_LOCAL_INPUTS={s.local_inputs} must be 0 or 1")
     if s.ready_at_once not in (0, 1):
         out.append(f"TASKSTREAM_READY_AT_ONCE={s.ready_at_once} must be 0 or 1")
     if s.batch_ahead < 0:

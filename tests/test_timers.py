@@ -15,7 +15,7 @@ from taskstream.streams.state_codec import TaskRecord, dumps, loads
 from taskstream.streams.timers import TimerIndex
 
 from taskstream.core import commands as c
-from taskstream.core.model import Status, TaskSpec, TaskState
+from taskstream.core.model import Claim, Status, TaskSpec, TaskState
 from taskstream.settings import Settings, SettingsError
 
 
@@ -432,3 +432,44 @@ def test_a_promote_into_another_lane_moves_a_queued_task_and_one_into_its_own_la
     assert [(x[0], x[2].lane, x[2].attempt) for x in sent[0] if x[0] != "events"] == [("queue:default", "default", 1)]
     state = loads(lc.tasks[b"t1"]).state
     assert (state.status, state.lane, state.attempt) == (Status.QUEUED, "default", 1)
+
+
+def test_a_finish_handed_over_in_process_ends_the_task_and_its_dependent_hears_in_the_same_write() -> None:
+    """streams/inbox.py: the worker's finish report on a task it owns comes in-process (never written);
+    the task's end is decided, its PrerequisiteEnded to a dependent held here is written and decided in
+    the same batch (the dependent ready in the same write), and the signal's copy from the log, later,
+    changes nothing and saves nothing."""
+    import asyncio
+
+    from taskstream.streams.inbox import Inbox, LocalInput
+
+    sent: list[Any] = []
+    lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (tid, version, ev))
+    lc.tasks, lc.timers = _Tables(sent), _Tables(sent)
+    lc.inbox = Inbox("inputs", lambda _task: 0, lambda _partition: True, None)
+    first = TaskSpec("a", "acme", ("true",))
+    then = TaskSpec("b", "acme", ("true",), dependencies=("t1",))
+    claim = Claim(1, "w", "c1")
+    running = TaskState("t1", Status.RUNNING, 6, first, "s", attempt=1, claim=claim)
+    lc.tasks.write(0, {b"t1": dumps(TaskRecord(running, dependents=["t2"]))})
+    lc.tasks.write(0, {b"t2": dumps(TaskRecord(TaskState("t2", Status.WAITING, 2, then, "s")))})
+    lc.tasks.writes.clear()
+
+    async def guard(_message: Any, handling: Any) -> None:
+        await handling
+
+    finish = r.InputRecord("f1", "t1", 200, "w", r.FinishReport("c1", 0, "ok", 5, ""))
+    asyncio.run(lc.on_batch([LocalInput(finish, "inputs", 0)], "events", guard))
+    assert len(sent) == 1, "one write"
+    written = [(key, type(x[2]).__name__ if isinstance(x, tuple) else type(x.body).__name__) for _, key, x in sent[0]]
+    assert written == [("t1", "TaskSucceeded"), ("t2", "PrerequisiteEnded"), ("t2", "TaskReady")]
+    assert loads(lc.tasks[b"t2"]).state.status is Status.READY
+    assert loads(lc.tasks[b"t2"]).ended == {"t1": "SUCCEEDED"}
+
+    signal = sent[0][1][2]  # the PrerequisiteEnded as written: its copy comes back from the log
+    lc.tasks.writes.clear()
+    copy = SimpleNamespace(topic="inputs", partition=0, offset=9, key=b"t2", value=signal, headers={})
+    asyncio.run(lc.on_batch([copy], "events", guard))
+    assert sent[1] == [], "nothing decided"
+    assert lc.tasks.writes == [], "nothing saved"
+    assert loads(lc.tasks[b"t2"]).state.status is Status.READY

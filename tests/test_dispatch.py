@@ -362,7 +362,9 @@ def test_a_worker_alone_claims_ahead_for_itself_and_gives_the_excess_back_when_a
     them. From the log, every task succeeds once; the first claims were decided with their queuing,
     by worker 0's own lifecycle."""
     a = workers.start(0)
-    tasks = [{"name": f"s{i}", "call": "time:sleep", "args": [1.5]} for i in range(30)]
+    # 3 s each: worker 0 alone runs the 22 beyond its budget of 8 in 16.5 s, time enough for worker 1
+    # to start and be heard (6 s here, bench/results/worker-join-kafka.json; more on a busy machine)
+    tasks = [{"name": f"s{i}", "call": "time:sleep", "args": [3.0]} for i in range(30)]
     sid, ids = submit(workerless, tasks)
 
     def claimed_by_a() -> int | None:

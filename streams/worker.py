@@ -159,35 +159,42 @@ class Reports:
 
 
 class Heartbeats:
-    """Keeps the lease of every claim a worker holds alive: one loop for all of them, every heartbeat_ms,
-    their heartbeats sent together (Reports: one record per partition, or in-process to the worker's
-    own lifecycle) rather than a timer task per claim. A claim's first heartbeat comes within
-    heartbeat_ms of its claim; each moves its lease to lease_ms after it."""
+    """Keeps the lease of every claim a worker holds alive: one loop for all of them rather than a timer
+    task per claim. Each claim beats heartbeat_ms after its claim and after each beat; those due within
+    a tenth of that are sent a little early, together (Reports: one record per partition, or in-process
+    to the worker's own lifecycle). A claim that ends within heartbeat_ms (most) never beats. Each beat
+    moves its lease to lease_ms after it."""
 
     def __init__(self, ctx: Context, reports: Reports | None) -> None:
         self.ctx = ctx
         self.reports = reports
-        self.held: dict[str, list[Any]] = {}  # claim id -> [task id, heartbeats sent]
+        self.held: dict[str, list[Any]] = {}  # claim id -> [task id, heartbeats sent, next due (monotonic)]
         self.loop: asyncio.Task[None] | None = None
 
     def hold(self, task_id: str, claim_id: str) -> None:
-        self.held[claim_id] = [task_id, 0]
+        self.held[claim_id] = [task_id, 0, time.monotonic() + self.ctx.settings.heartbeat_ms / 1000]
         if self.loop is None or self.loop.done():
             self.loop = asyncio.ensure_future(self._beat())
 
     def drop(self, claim_id: str) -> None:
         self.held.pop(claim_id, None)
 
-    async def _beat(self) -> None:
+    def due(self, now: float) -> list[r.InputRecord]:
+        """The heartbeats to send at `now` (monotonic), counted as sent."""
         every = self.ctx.settings.heartbeat_ms / 1000
-        while True:
-            await asyncio.sleep(every)
-            now = self.ctx.now_ms()
-            recs = []
-            for claim_id, held in list(self.held.items()):
+        at, recs = self.ctx.now_ms(), []
+        for claim_id, held in self.held.items():
+            if held[2] <= now + every / 10:
                 held[1] += 1
-                body = r.Heartbeat(claim_id)
-                recs.append(self.ctx.input(held[0], now, body, f"{claim_id}:beat:{held[1]}"))
+                held[2] = now + every
+                recs.append(self.ctx.input(held[0], at, r.Heartbeat(claim_id), f"{claim_id}:beat:{held[1]}"))
+        return recs
+
+    async def _beat(self) -> None:
+        while self.held:
+            # a claim taken later is due later than every one held now: the earliest is the next wake-up
+            await asyncio.sleep(max(0.0, min(h[2] for h in self.held.values()) - time.monotonic()))
+            recs = self.due(time.monotonic())
             if not recs:
                 continue
             with contextlib.suppress(Exception):  # a lost heartbeat is what leases are for
@@ -272,13 +279,21 @@ class ClaimWaiter:
                     for m in msgs:
                         headers = dict(m.headers or ())
                         kind = headers.get(EVENT_HEADER)
-                        if kind == b"TaskEvents":  # packed: decoded if a member is a verdict or a cancellation
-                            if any(k in WATCHED for k in headers.get(KINDS_HEADER, b"").split(b",")):
+                        if kind == b"TaskEvents":  # packed: decoded if a member is one this worker waits for
+                            if self.awaits(headers.get(KINDS_HEADER, b"").split(b",")):
                                 self._see(m.value)
-                        elif kind is None or kind in WATCHED:  # no header: an older writer; decode to be sure
+                        elif kind is None or self.awaits((kind,)):  # no header: an older writer; decode to be sure
                             self._see(m.value)
         finally:
             await consumer.stop()
+
+    def awaits(self, kinds: Any) -> bool:
+        """Whether a record of events of these kinds may hold one this worker waits for: a verdict while a
+        claim is pending, a cancellation or a limit while a run is watched. Most of what the owners write
+        is neither (a claim decided in-process has no verdict to wait for), and is not decoded."""
+        return any(
+            (k in VERDICTS and self.pending) or (k in WATCHED and k not in VERDICTS and self.cancels) for k in kinds
+        )
 
     def _see(self, raw: bytes) -> None:
         try:

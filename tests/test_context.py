@@ -3,6 +3,7 @@ same per-task events in the same order."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -185,6 +186,37 @@ def test_a_workers_inputs_sent_at_the_same_moment_go_in_one_write_one_record_per
         assert topic is ctx.inputs and key == rec.task_id
         assert r.task_inputs(rec) == by_partition[partition_for(key.encode(), 4)]
     assert alone == [(ctx.inputs, "t0", inputs[0])]
+
+
+def test_a_claim_beats_a_heartbeat_after_its_claim_and_each_beat_and_those_due_together_go_together() -> None:
+    """streams.worker.Heartbeats: a claim's first heartbeat is due heartbeat_ms after it is held (a claim
+    dropped sooner never beats), the next heartbeat_ms after that; claims due within a tenth of it beat
+    in the same send."""
+    import asyncio
+
+    from taskstream.streams.worker import Heartbeats
+
+    ctx = make_context()
+    every = ctx.settings.heartbeat_ms / 1000
+
+    async def go() -> None:
+        beats = Heartbeats(ctx, None)
+        t0 = time.monotonic()
+        beats.hold("t1", "c1")
+        beats.hold("t2", "c2")
+        beats.hold("t3", "c3")
+        beats.loop.cancel()  # driven by hand below
+        beats.held["c2"][2] = t0 + every * 1.05  # claimed a moment after c1: due together with it
+        beats.held["c3"][2] = t0 + every * 1.5
+        assert beats.due(t0 + every * 0.5) == [], "nothing is due before heartbeat_ms"
+        beats.drop("c3")
+        first = beats.due(t0 + every)
+        assert [(b.task_id, b.input_id) for b in first] == [("t1", "c1:beat:1"), ("t2", "c2:beat:1")]
+        assert all(isinstance(b.body, r.Heartbeat) for b in first)
+        assert beats.due(t0 + every * 1.5) == [], "the next one is heartbeat_ms after the last"
+        assert [b.input_id for b in beats.due(t0 + every * 2)] == ["c1:beat:2", "c2:beat:2"]
+
+    asyncio.run(go())
 
 
 def test_each_lanes_tasks_go_to_its_own_topic_one_record_per_partition() -> None:

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from taskstream.schemas import records as r
 from taskstream.streams.batcher import gate_of, gate_record, offer_of
-from taskstream.streams.worker import Capacity, LocalClaims, claim_id_of
+from taskstream.streams.worker import Capacity, ClaimWaiter, LocalClaims, claim_id_of
 
+from taskstream.core import events as e
 from taskstream.core.batcher import Candidate, Offer, floors, gate
 from taskstream.core.model import Resources, TaskSpec
 
@@ -146,5 +147,25 @@ def test_a_ready_task_gets_a_lane_at_once_only_with_an_open_gate_its_tenant_unca
         assert local.reserve(queued("a"))
         assert local.ready_lane(spec()) is None  # its one slot is taken: it waits for the round ...
         assert local.reserve(queued("b"))  # ... though a promoted one may still be claimed ahead here
+
+    asyncio.run(go())
+
+
+def test_the_claim_waiter_decodes_only_records_that_may_hold_what_it_waits_for() -> None:
+    """The worker's verdict reader skips, undecoded, the owners' records whose kinds (their header) it
+    waits for nothing of: a verdict with no claim pending, a cancellation or limit with no run watched."""
+
+    async def go() -> None:
+        waiter = ClaimWaiter(SimpleNamespace(), "w1")
+        claimed, cancelled = [b"TaskQueued", b"TaskClaimed"], [b"TaskCancelled"]
+        assert not waiter.awaits(claimed) and not waiter.awaits(cancelled)  # claims decided in-process
+        verdict = waiter.expect("c1")
+        assert waiter.awaits(claimed) and waiter.awaits([b"ClaimRejected"]) and not waiter.awaits(cancelled)
+        waiter._see_one(r.EventRecord("ev1", "t1", "s1", 1, 0, "n1", e.TaskClaimed(1, "w1", "c1")))
+        assert verdict.done() and not waiter.awaits(claimed)
+        waiter.watch("t2")
+        assert waiter.awaits(cancelled) and waiter.awaits([b"TaskLimitExceeded"]) and not waiter.awaits(claimed)
+        waiter.unwatch("t2")
+        assert not waiter.awaits(cancelled + [b"TaskSucceeded"])
 
     asyncio.run(go())

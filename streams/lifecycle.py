@@ -148,8 +148,21 @@ class Lifecycle:
         Nothing is written until the group has confirmed this worker's membership since (`Tenure`): a
         worker let go on while frozen would otherwise write what it decided from its stale table after
         the new owner's writes. If a rebalance came in between, nothing of the batch is written: the
-        messages of partitions still held are decided again, against the table as it is now."""
+        messages of partitions still held are decided again, against the table as it is now.
+
+        A message of a partition given away before its batch began is not decided here at all: taken
+        before a rebalance, its batch may come after it (waiting its turn behind another batch, or
+        gathered across it), and this worker's table of that partition is no longer kept up to date.
+        The new owner reads it again from the last commit; one handed over in-process goes to it
+        through the broker."""
         rebalances = self.tenure.completed if self.tenure is not None else 0
+        away = [m for m in messages if not self.holds(m)]
+        if away:
+            log.info("%d of %d input(s) left to the new owner of their partition", len(away), len(messages))
+            await self.reroute(away)
+            messages = [m for m in messages if self.holds(m)]
+            if not messages:
+                return
         batch = self._batch = _Batch()
         todo, seen, rounds = list(messages), 0, 0
         try:

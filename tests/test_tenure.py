@@ -8,7 +8,6 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 from taskstream.connectors.table_state import MemoryState
 from taskstream.schemas import records as r
 from taskstream.streams.lifecycle import Lifecycle
@@ -123,8 +122,38 @@ def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_s
 def test_without_a_rebalance_the_batch_is_written_once() -> None:
     rec = Recording()
     tasks = MemoryState({b"a": queued("a")})
-    lc = Lifecycle(rec.ctx, tasks, MemoryState(), tenure=Tenure(6.0), holds=lambda m: pytest.fail("not asked"))
+    lc = Lifecycle(rec.ctx, tasks, MemoryState(), tenure=Tenure(6.0), holds=lambda m: True)
     asyncio.run(lc.on_batch([rec.message("a", r.ClaimRequest(1, "w0", "c"), "i")], "events", _guard))
     members = [m for _, _, x in rec.sent if isinstance(x, r.EventRecord) for m in r.task_events(x)]
     assert [type(m.payload) for m in members] == [e.TaskClaimed]
     assert loads(tasks[b"a"]).state.claim is not None
+
+
+def test_a_batch_that_begins_after_its_partition_was_given_away_decides_nothing_of_it() -> None:
+    """Measured: a zombie's batch taken before the rebalance that expelled it waited for the lifecycle
+    behind another batch, began after the rebalance, and wrote a second TaskClaimed under a version the
+    new owner had written. Now an input of a partition not held when its batch begins is not decided:
+    one from the log is left to the new owner (it reads it again from the last commit), one handed over
+    in-process and never written goes to it through the broker."""
+    from taskstream.streams.inbox import LocalInput
+
+    rec = Recording()
+    tasks = MemoryState({b"kept": queued("kept"), b"lost": queued("lost"), b"gone": queued("gone")})
+    tenure = Tenure(6.0)
+    lc = Lifecycle(rec.ctx, tasks, MemoryState(), tenure=tenure, holds=lambda m: m.task_id == "kept")
+    inputs = rec.ctx.settings.topic("task-inputs")
+    handed = LocalInput(rec.ctx.input("gone", 5_000, r.ClaimRequest(1, "w0", "c-gone"), "claim-gone"), inputs, 1)
+    handed.task_id = "gone"  # type: ignore[attr-defined]  # what this test's `holds` looks at
+    messages = [
+        rec.message("lost", r.ClaimRequest(1, "w0", "c-lost"), "claim-lost"),
+        rec.message("kept", r.ClaimRequest(1, "w0", "c-kept"), "claim-kept"),
+        handed,
+    ]
+    asyncio.run(lc.on_batch(messages, rec.ctx.settings.topic("events"), _guard))
+
+    members = [m for _, _, x in rec.sent if isinstance(x, r.EventRecord) for m in r.task_events(x)]
+    assert [(m.task_id, type(m.payload)) for m in members] == [("kept", e.TaskClaimed)]
+    assert tasks[b"lost"] == queued("lost") and tasks[b"gone"] == queued("gone"), "nothing decided for them"
+    rerouted = [x for topic, _, x in rec.sent if topic is rec.ctx.inputs]
+    inner = [i for x in rerouted for i in (x.body.items if type(x.body) is r.Inputs else [x])]
+    assert [i.input_id for i in inner] == ["claim-gone"], "only the input never written goes through the broker"

@@ -135,12 +135,34 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         return lifecycle_holder["l"]
 
     deciding = asyncio.Lock()  # the lifecycle decides one batch at a time, from Faust or from the inbox
-
-    async def decide(messages: list[Any]) -> None:
-        async with deciding:
-            await lifecycle().on_batch(messages, events_topic, lambda m, h: _guarded(ctx(), m, "lifecycle", h))
-
     events_topic = s.topic("events")
+
+    async def decide(consumed: list[Any]) -> None:
+        """Decide a batch: what Faust consumed, and what was handed over in-process meanwhile (unless a
+        rebalance is under way: that waits for the next batch). A handed-over input whose partition was
+        given away goes through the broker instead. One batch, one write of events and state, however
+        the inputs came."""
+        async with deciding:
+            box = inbox()
+            taken = box.drain() if box is not None and not app.rebalancing else []
+            try:
+                away = [item for item, _ in taken if not holds(item)]
+                if away:
+                    await lifecycle().reroute(away)
+                batch = consumed + [item for item, _ in taken if holds(item)]
+                if batch:
+                    await lifecycle().on_batch(batch, events_topic, lambda m, h: _guarded(ctx(), m, "lifecycle", h))
+            except Exception as exc:  # a bug: the reporters hear of it (on_batch dead-letters what raises)
+                for _, fut in taken:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                if consumed:
+                    raise
+                log.exception("inputs handed over in-process could not be decided")
+                return
+            for _, fut in taken:
+                if not fut.done():
+                    fut.set_result(None)
 
     @app.agent(owned, name="lifecycle")
     async def lifecycle_agent(stream: Any) -> None:
@@ -149,31 +171,16 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     @app.task
     async def local_inputs() -> None:
-        """Inputs handed over in-process (streams/inbox.py), decided in batches of what has arrived.
-        Those whose partition is not held once a rebalance is over go through the broker."""
+        """Inputs handed over in-process (streams/inbox.py) that no batch from the broker took along:
+        decided on their own as soon as the lifecycle is free, once any rebalance is over."""
         box = inbox()
         if box is None:
             return
         while True:
-            taken = await box.take()
+            await box.wait()
             while app.rebalancing:
                 await asyncio.sleep(0.02)
-            try:
-                away = [item for item, _ in taken if not holds(item)]
-                if away:
-                    await lifecycle().reroute(away)
-                here = [item for item, _ in taken if holds(item)]
-                if here:
-                    await decide(here)
-            except Exception as exc:  # a bug: the reporters hear of it (decide dead-letters what raises)
-                log.exception("inputs handed over in-process could not be decided")
-                for _, fut in taken:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            for _, fut in taken:
-                if not fut.done():
-                    fut.set_result(None)
+            await decide([])
 
     worker_id = node
     waiter_holder: dict[str, Any] = {}

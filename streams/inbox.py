@@ -54,8 +54,9 @@ class LocalInput:
 
 
 class Inbox:
-    """Local inputs waiting for the owner's next in-process batch (`take`), each with a future that is
-    done once the batch that decided it is written (or once it was sent through the broker instead)."""
+    """Local inputs waiting for the owner's next batch, each with a future that is done once the batch
+    that decided it is written (or once it was sent through the broker instead). The owner drains them
+    into the batch it decides next, one consumed from the broker or, when none comes, one of its own."""
 
     def __init__(self, topic: str, partition_of: Callable[[str], int], held: Callable[[int], bool], codec: Any):
         self.topic = topic  # task-inputs
@@ -80,9 +81,14 @@ class Inbox:
         self.arrived.set()
         return fut
 
-    async def take(self) -> list[tuple[LocalInput, asyncio.Future[None]]]:
-        """What has arrived (at least one), in the order it did."""
-        await self.arrived.wait()
+    def drain(self) -> list[tuple[LocalInput, asyncio.Future[None]]]:
+        """What has arrived so far (perhaps nothing), in the order it did; the inbox is empty after."""
         self.arrived.clear()
         taken, self.waiting = self.waiting, []
         return taken
+
+    async def wait(self) -> None:
+        """Until something has arrived that is not drained yet."""
+        while not self.waiting:
+            self.arrived.clear()
+            await self.arrived.wait()

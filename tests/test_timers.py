@@ -473,3 +473,31 @@ def test_a_finish_handed_over_in_process_ends_the_task_and_its_dependent_hears_i
     assert sent[1] == [], "nothing decided"
     assert lc.tasks.writes == [], "nothing saved"
     assert loads(lc.tasks[b"t2"]).state.status is Status.READY
+
+
+def test_the_inbox_gives_what_arrived_in_order_once_and_its_wait_ends_only_when_something_is_undrained() -> None:
+    """streams/inbox.py: the owner drains what was handed over into its next batch; `wait` (the task
+    that decides when no batch comes from the broker) returns only while something is left to drain."""
+    import asyncio
+
+    from taskstream.streams.inbox import Inbox
+
+    async def scenario() -> None:
+        box = Inbox("inputs", lambda task: int(task[1:]) % 2, lambda partition: partition == 0, None)
+        records = [r.InputRecord(f"i{n}", f"t{n}", n, "w", r.Heartbeat("c")) for n in range(4)]
+        local = [box.local(rec) for rec in records]
+        assert [x is not None for x in local] == [True, False, True, False], "only partition 0 is held here"
+        futures = [box.put(x) for x in local if x is not None]
+        await asyncio.wait_for(box.wait(), 1)
+        taken = box.drain()
+        assert [item.record.task_id for item, _ in taken] == ["t0", "t2"]
+        assert [fut for _, fut in taken] == futures
+        assert box.drain() == [], "drained once"
+        waiting = asyncio.ensure_future(box.wait())
+        await asyncio.sleep(0.05)
+        assert not waiting.done(), "nothing to drain: the wait goes on"
+        box.put(local[0])  # type: ignore[arg-type]
+        await asyncio.wait_for(waiting, 1)
+        assert [item.record.task_id for item, _ in box.drain()] == ["t0"]
+
+    asyncio.run(scenario())

@@ -140,16 +140,13 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     async def decide(consumed: list[Any]) -> None:
         """Decide a batch: what Faust consumed, and what was handed over in-process meanwhile (unless a
         rebalance is under way: that waits for the next batch). A handed-over input whose partition was
-        given away goes through the broker instead. One batch, one write of events and state, however
-        the inputs came."""
+        given away goes through the broker instead (`Lifecycle.on_batch`). One batch, one write of
+        events and state, however the inputs came."""
         async with deciding:
             box = inbox()
             taken = box.drain() if box is not None and not app.rebalancing else []
             try:
-                away = [item for item, _ in taken if not holds(item)]
-                if away:
-                    await lifecycle().reroute(away)
-                batch = consumed + [item for item, _ in taken if holds(item)]
+                batch = consumed + [item for item, _ in taken]
                 if batch:
                     await lifecycle().on_batch(batch, events_topic, lambda m, h: _guarded(ctx(), m, "lifecycle", h))
             except Exception as exc:  # a bug: the reporters hear of it (on_batch dead-letters what raises)

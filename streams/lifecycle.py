@@ -181,12 +181,8 @@ class Lifecycle:
             self._batch = self._message = None
         if self.tenure is not None and await self.tenure.settled() != rebalances:
             self._drop_handoffs(batch.handoffs)
-            kept = [m for m in messages if self.holds(m)]
-            log.info("a rebalance came before a batch was written: %d of %d input(s) decided again",
-                     len(kept), len(messages))  # fmt: skip
-            await self.reroute([m for m in messages if not self.holds(m)])
-            if kept:
-                await self.on_batch(kept, events_topic, guard)
+            log.info("a rebalance came before a batch of %d input(s) was written: decided again", len(messages))
+            await self.on_batch(messages, events_topic, guard)  # those of partitions given away set aside
             return
         try:
             await self.ctx.send_all(self.ctx.packed(batch.sends))  # durable first (events packed) ...

@@ -212,9 +212,11 @@ class ClaimWaiter:
         self.ctx = ctx
         self.worker_id = worker_id
         self.pending: dict[str, asyncio.Future[e.Event]] = {}
-        # task id -> why its run is to be killed: it was cancelled, or its claim's run is over a limit
-        self.cancels: dict[str, asyncio.Future[str]] = {}
-        self.claims: dict[str, str] = {}  # task id -> the claim this worker won on it (while watched)
+        # task id -> a future per run of it here (a watch), each told why that run is to be killed: the
+        # task was cancelled, or the run's claim is over a limit. Runs of one task can overlap: one that
+        # ends (a claim refused, a drain) while the next attempt, claimed in-process, begins.
+        self.cancels: dict[str, list[asyncio.Future[str]]] = {}
+        self.claims: dict[asyncio.Future[str], str] = {}  # a watch -> the claim its run won
         self.ready = asyncio.Event()
         self.handled: OrderedDict[str, None] = OrderedDict()  # claim ids this worker has asked for
 
@@ -240,20 +242,28 @@ class ClaimWaiter:
         return fut
 
     def watch(self, task_id: str) -> asyncio.Future[str]:
-        """A future that gets why the run is to be killed, if the task is cancelled while watched or the
-        resource manager finds the run of its claim (`won`) over a limit."""
+        """A future (a watch, for one run) that gets why the run is to be killed, if the task is cancelled
+        while watched or the resource manager finds the run's claim (`won`) over a limit."""
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.cancels[task_id] = fut
+        self.cancels.setdefault(task_id, []).append(fut)
         return fut
 
-    def won(self, task_id: str, claim_id: str) -> None:
-        self.claims[task_id] = claim_id
+    def won(self, watch: asyncio.Future[str], claim_id: str) -> None:
+        self.claims[watch] = claim_id
 
-    def unwatch(self, task_id: str) -> None:
-        self.claims.pop(task_id, None)
-        fut = self.cancels.pop(task_id, None)
-        if fut is not None and not fut.done():
-            fut.cancel()
+    def unwatch(self, task_id: str, watch: asyncio.Future[str]) -> None:
+        """The run that made `watch` is over. Only its own watch ends: another run of the task, begun
+        meanwhile, is still told of a cancellation (keyed by task alone, the ending run had cancelled
+        the next one's watch, which it took for the worker stopping: killed and handed back, again and
+        again)."""
+        self.claims.pop(watch, None)
+        watches = self.cancels.get(task_id, [])
+        if watch in watches:
+            watches.remove(watch)
+        if not watches:
+            self.cancels.pop(task_id, None)
+        if not watch.done():
+            watch.cancel()
 
     async def run(self) -> None:
         s = self.ctx.settings
@@ -309,14 +319,14 @@ class ClaimWaiter:
             fut = self.pending.pop(p.claim_id)
             if not fut.done():
                 fut.set_result(p)
-        elif isinstance(p, e.TaskCancelled) and rec.task_id in self.cancels:
-            told = self.cancels[rec.task_id]
-            if not told.done():
-                told.set_result(f"cancelled ({p.reason})")
-        elif isinstance(p, e.TaskLimitExceeded) and self.claims.get(rec.task_id) == p.claim_id:
-            told = self.cancels[rec.task_id]
-            if not told.done():
-                told.set_result(f"{p.reason} (resource manager {p.watcher})")
+        elif isinstance(p, e.TaskCancelled):
+            for told in self.cancels.get(rec.task_id, ()):
+                if not told.done():
+                    told.set_result(f"cancelled ({p.reason})")
+        elif isinstance(p, e.TaskLimitExceeded):
+            for told in self.cancels.get(rec.task_id, ()):
+                if self.claims.get(told) == p.claim_id and not told.done():
+                    told.set_result(f"{p.reason} (resource manager {p.watcher})")
 
 
 class LocalClaims:
@@ -573,7 +583,7 @@ class Executor:
         try:
             await self._claim_and_run(qt, cancelled)
         finally:
-            self.waiter.unwatch(qt.task_id)
+            self.waiter.unwatch(qt.task_id, cancelled)
 
     async def _claim_and_run(self, qt: r.QueuedTask, cancelled: asyncio.Future[str]) -> None:
         claim_id = claim_id_of(qt, self.worker_id)
@@ -616,12 +626,12 @@ class Executor:
         try:
             await self.hold(qt, claim_id, cancelled)
         finally:
-            self.waiter.unwatch(qt.task_id)
+            self.waiter.unwatch(qt.task_id, cancelled)
 
     async def hold(self, qt: r.QueuedTask, claim_id: str, cancelled: asyncio.Future[str]) -> None:
         """Hold a won claim (counted in `capacity.claims`, uncounted here): heartbeats from now on, wait
         for room, run, report."""
-        self.waiter.won(qt.task_id, claim_id)
+        self.waiter.won(cancelled, claim_id)
         self.heartbeats.hold(qt.task_id, claim_id)  # from the claim on, not the start
         counted = True
         try:

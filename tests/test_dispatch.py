@@ -302,6 +302,11 @@ def test_a_report_under_an_expired_lease_is_refused_and_recorded(workerless: Sta
             "the lease to expire",
             every=1.0,
         )
+    except AssertionError as err:
+        logs = "\n".join(f"--- worker-{i}\n" + workers.log(i)[-6000:] for i in (0, 1))
+        raise AssertionError(
+            f"{err}; holder {holder}, frozen pid {victim.pid}\n{story(workerless, tid)}\n{logs}"
+        ) from None
     finally:
         victim.send_signal(signal.SIGCONT)
     try:

@@ -163,9 +163,39 @@ def test_the_claim_waiter_decodes_only_records_that_may_hold_what_it_waits_for()
         assert waiter.awaits(claimed) and waiter.awaits([b"ClaimRejected"]) and not waiter.awaits(cancelled)
         waiter._see_one(r.EventRecord("ev1", "t1", "s1", 1, 0, "n1", e.TaskClaimed(1, "w1", "c1")))
         assert verdict.done() and not waiter.awaits(claimed)
-        waiter.watch("t2")
+        watch = waiter.watch("t2")
         assert waiter.awaits(cancelled) and waiter.awaits([b"TaskLimitExceeded"]) and not waiter.awaits(claimed)
-        waiter.unwatch("t2")
+        waiter.unwatch("t2", watch)
         assert not waiter.awaits(cancelled + [b"TaskSucceeded"])
+
+    asyncio.run(go())
+
+
+def test_a_run_that_ends_leaves_the_watch_of_the_next_run_of_its_task_alone() -> None:
+    """Two runs of one task overlap on a worker: the first (its claim refused, or handed back) ends as
+    the next attempt, claimed in-process, begins. The first's end must not cancel the second's watch:
+    a cancelled watch read as the worker stopping, and the second run was killed and handed back, its
+    next attempt the same, for as long as the worker lived (seen after a SIGKILL in test_dispatch)."""
+
+    async def go() -> None:
+        waiter = ClaimWaiter(SimpleNamespace(), "w1")
+        first, second = waiter.watch("t1"), waiter.watch("t1")
+        waiter.won(first, "c1")
+        waiter.won(second, "c2")
+        waiter.unwatch("t1", first)
+        assert first.cancelled() and not second.done()
+        assert waiter.awaits([b"TaskLimitExceeded"])
+        # a limit on the first claim is not the second run's; one on the second claim is
+        for version, claim in ((7, "c1"), (8, "c2")):
+            over = e.TaskLimitExceeded(claim, "w1", "rm1", "memory", "over")
+            waiter._see_one(r.EventRecord(f"ev{version}", "t1", "s1", version, 0, "n1", over))
+            assert second.done() == (claim == "c2")
+        assert second.result() == "over (resource manager rm1)"
+        third = waiter.watch("t1")
+        waiter._see_one(r.EventRecord("ev9", "t1", "s1", 9, 0, "n1", e.TaskCancelled("by its submitter")))
+        assert third.result() == "cancelled (by its submitter)"
+        waiter.unwatch("t1", second)
+        waiter.unwatch("t1", third)
+        assert not waiter.awaits([b"TaskCancelled", b"TaskLimitExceeded"])
 
     asyncio.run(go())

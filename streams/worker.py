@@ -31,6 +31,7 @@ import time
 import uuid
 from asyncio import FIRST_COMPLETED
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -630,15 +631,15 @@ class Executor:
 
     async def hold(self, qt: r.QueuedTask, claim_id: str, cancelled: asyncio.Future[str]) -> None:
         """Hold a won claim (counted in `capacity.claims`, uncounted here): heartbeats from now on, wait
-        for room, run, report."""
+        for room, run, report. The claim and its room are given back as soon as the run has ended
+        (`_Held`); the heartbeats end once the report is durable."""
         self.waiter.won(cancelled, claim_id)
         self.heartbeats.hold(qt.task_id, claim_id)  # from the claim on, not the start
-        counted = True
+        held = _Held(self.capacity, qt.spec.resources)
         try:
             try:
                 if not await self._room(qt):  # claimed ahead: wait for room
-                    counted = False  # uncounted at once: the other claims waiting decide on the new count
-                    self.capacity.claims -= 1
+                    held.free()  # at once: the other claims waiting decide on the new count
                     why = f"its worker {self.worker_id} held more claims than it has room for; another is live"
                     await self._report(
                         qt.task_id, self.ctx.now_ms(), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
@@ -652,19 +653,19 @@ class Executor:
                         qt.task_id, self.ctx.now_ms(), r.ReleaseClaim(claim_id, why), f"{claim_id}:release"
                     )
                 raise
+            held.running = True  # room taken
             try:
                 if cancelled.done():  # cancelled between the claim and now: nothing to run
                     why = f"{cancelled.result()}, before it started"
                     finish = r.FinishReport(claim_id, None, "", 0, why)
                     await self._report(qt.task_id, self.ctx.now_ms(), finish, f"{claim_id}:finish")
                     return
-                await self._run(qt, claim_id, cancelled)
+                await self._run(qt, claim_id, cancelled, held.free)
             finally:
-                self.capacity.give(qt.spec.resources)
+                held.free()
         finally:
-            if counted:
-                self.capacity.claims -= 1
-            self.heartbeats.drop(claim_id)
+            held.free()
+            self.heartbeats.drop(claim_id)  # once its report is durable: the lease runs until then
 
     async def _room(self, qt: r.QueuedTask) -> bool:
         """Wait until the task fits (True), or until the claim is one too many (False: give it back, so
@@ -691,7 +692,11 @@ class Executor:
         else:
             await self.ctx.send_all([(self.ctx.inputs, task_id, rec)])
 
-    async def _run(self, qt: r.QueuedTask, claim_id: str, cancelled: asyncio.Future[str]) -> None:
+    async def _run(
+        self, qt: r.QueuedTask, claim_id: str, cancelled: asyncio.Future[str], ended: Callable[[], None]
+    ) -> None:
+        """Run the task (room taken) and report how it ended; `ended` is called once its process has
+        ended, before the report is durable."""
         spec = qt.spec
         env = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
         env.update(spec.env)
@@ -724,16 +729,32 @@ class Executor:
             self.keeper.watch(run.pid)
         res = spec.resources
         self.capacity.running[claim_id] = _Running(qt.task_id, run.pid, started, spec.execution_cap_ms, res.memory_mb)
-        try:
-            await self._supervise(qt, claim_id, run, started, cancelled)
-        finally:
+        over = False
+
+        def gone() -> None:  # once, as soon as the run has ended (before its report is durable)
+            nonlocal over
+            if over:
+                return
+            over = True
             self.capacity.running.pop(claim_id, None)
             run.cleanup()  # nothing the task started outlives it
             if self.keeper is not None and isinstance(run, _ProgramRun):
                 self.keeper.forget(run.pid)
+            ended()
+
+        try:
+            await self._supervise(qt, claim_id, run, started, cancelled, gone)
+        finally:
+            gone()
 
     async def _supervise(
-        self, qt: r.QueuedTask, claim_id: str, run: _ProgramRun | _CallRun, started: float, cancelled: Any
+        self,
+        qt: r.QueuedTask,
+        claim_id: str,
+        run: _ProgramRun | _CallRun,
+        started: float,
+        cancelled: Any,
+        gone: Callable[[], None],
     ) -> None:
         spec = qt.spec
         grace = self.ctx.settings.kill_grace_ms / 1000
@@ -751,10 +772,11 @@ class Executor:
                 await run.stop(grace)
         except asyncio.CancelledError:  # the worker is stopping: drain
             if not await self._drain(qt, claim_id, run, await start.take()):
-                run.cleanup()
+                gone()
                 raise
         code, why, tail = await run.result()
         duration = int((time.monotonic() - started) * 1000)
+        gone()  # its slot is free while the report is on its way
         if reason and code == 0:
             code = -signal.SIGTERM
         await self._report(
@@ -784,6 +806,27 @@ class Executor:
             await self._report(qt.task_id, self.ctx.now_ms(), r.ReleaseClaim(claim_id, why), f"{claim_id}:release")
         log.info("handed task %s back: %s", qt.task_id, why)
         return False
+
+
+class _Held:
+    """What a won claim holds of its worker: the claim (counted in `capacity.claims`) and, once it runs,
+    its slot and resources. Both are given back once (`free`), as soon as the run has ended: the finish
+    report is still on its way, and its lease runs on (heartbeats) until it is durable. Held until the
+    report was durable, a slot sat idle for a batch of the lifecycle or two whenever the report went
+    in-process (streams/inbox.py), and the worker claimed and ran less than it had room for."""
+
+    def __init__(self, capacity: Capacity, resources: Any) -> None:
+        self.capacity, self.resources = capacity, resources
+        self.counted = True
+        self.running = False
+
+    def free(self) -> None:
+        if self.running:
+            self.running = False
+            self.capacity.give(self.resources)
+        if self.counted:
+            self.counted = False
+            self.capacity.claims -= 1
 
 
 class _StartReport:

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from taskstream.schemas import records as r
 from taskstream.streams.batcher import gate_of, gate_record, offer_of
-from taskstream.streams.worker import Capacity, ClaimWaiter, LocalClaims, claim_id_of
+from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, LocalClaims, claim_id_of
 
 from taskstream.core import events as e
 from taskstream.core.batcher import Candidate, Offer, floors, gate
 from taskstream.core.model import Resources, TaskSpec
+from taskstream.settings import Settings
 
 
 def queued(tid: str, lane: str = "default", **need: Any) -> r.QueuedTask:
@@ -197,5 +200,49 @@ def test_a_run_that_ends_leaves_the_watch_of_the_next_run_of_its_task_alone() ->
         waiter.unwatch("t1", second)
         waiter.unwatch("t1", third)
         assert not waiter.awaits([b"TaskCancelled", b"TaskLimitExceeded"])
+
+    asyncio.run(go())
+
+
+def test_a_run_gives_its_claim_and_slot_back_once_it_has_ended_while_its_report_is_on_its_way(tmp_path: Path) -> None:
+    """A real process runs; its finish report is held (the lifecycle busy with another batch). The slot
+    and the claim are free meanwhile, so the worker can take its next task; the heartbeats go on until
+    the report is durable (the lease covers the report on its way)."""
+
+    class Held:
+        def __init__(self) -> None:
+            self.sent: list[Any] = []
+            self.durable = asyncio.Event()
+
+        async def send(self, rec: Any) -> None:
+            self.sent.append(rec)
+            await self.durable.wait()
+
+    async def go() -> None:
+        ctx = SimpleNamespace(
+            settings=Settings(state_dir=tmp_path),
+            now_ms=lambda: int(time.time() * 1000),
+            input=lambda task_id, at, body, input_id: SimpleNamespace(task_id=task_id, body=body, input_id=input_id),
+        )
+        beating: set[str] = set()
+        beats = SimpleNamespace(hold=lambda _tid, cid: beating.add(cid), drop=beating.discard)
+        cap = Capacity(slots=1, cpus=1.0, memory_mb=1024, gpus=0)
+        reports = Held()
+        ex = Executor(ctx, "w1", ClaimWaiter(ctx, "w1"), capacity=cap, reports=reports, heartbeats=beats)
+        qt = queued("t1")
+        cap.claims += 1  # as the caller counts a won claim
+        held = asyncio.ensure_future(ex.hold(qt, "c1", ex.waiter.watch("t1")))
+        for _ in range(500):
+            if reports.sent:
+                break
+            await asyncio.sleep(0.01)
+        assert [type(rec.body) for rec in reports.sent] == [r.FinishReport]
+        assert reports.sent[0].body.exit_code == 0
+        assert cap.used[0] == 0 and cap.claims == 0 and cap.try_take(qt.spec.resources)  # free for the next
+        cap.give(qt.spec.resources)
+        assert beating == {"c1"} and not held.done()  # the lease runs on while the report is on its way
+        reports.durable.set()
+        await held
+        assert beating == set() and cap.used[0] == 0 and cap.claims == 0  # given back once, not twice
 
     asyncio.run(go())

@@ -34,6 +34,8 @@ class KeyedState(Protocol):
 
     def write(self, partition: int, items: Mapping[bytes, bytes | None]) -> list[ChangelogRecord]: ...
 
+    def changelog(self, partition: int, items: Mapping[bytes, bytes | None]) -> list[ChangelogRecord]: ...
+
     def persisted(self, partition: int, offset: int) -> None: ...
 
     def items(self) -> Iterator[tuple[bytes, bytes]]: ...
@@ -73,6 +75,10 @@ class TableState:
                 batch.put(key, value)
                 index[key] = partition
         store._db_for_partition(partition).write(batch)
+        return self.changelog(partition, items)
+
+    def changelog(self, partition: int, items: Mapping[bytes, bytes | None]) -> list[ChangelogRecord]:
+        """The changelog records that say what `write` writes (sent before it: see streams/lifecycle.py)."""
         topic = self.changelog_topic
         return [(topic, partition, key, value) for key, value in items.items()]
 
@@ -103,6 +109,9 @@ class MemoryState(dict):  # type: ignore[type-arg]
                 self.pop(key, None)
             else:
                 self[key] = value
+        return []
+
+    def changelog(self, partition: int, items: Mapping[bytes, bytes | None]) -> list[ChangelogRecord]:
         return []
 
     def persisted(self, partition: int, offset: int) -> None:

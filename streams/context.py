@@ -216,13 +216,21 @@ class Context:
                 sends.append((self.inputs, chunk[0].task_id, one))
         return sends
 
-    async def send_all(self, sends: list[tuple[Any, str, Any]]) -> None:
-        """Send (topic, key, record) tuples and wait until every one is durable.
+    async def send_all(
+        self, sends: list[tuple[Any, str, Any]], changelog: list[ChangelogRecord] | None = None
+    ) -> dict[str, dict[int, int]]:
+        """Send (topic, key, record) tuples, and `changelog` records (connectors/table_state.py), and wait
+        until every one is durable; the last changelog offset written per topic and partition.
 
+        All are handed to the producer before any is awaited, so they leave in one request to the
+        broker: a batch's events and the state that says they were decided land together or not at all
+        (a worker killed between the two had left its events without their state, and the next owner
+        decided the same input again; with a claim the owner took for its own worker, differently).
         A failed send is retried, with backoff, until it succeeds: the input that caused it is not
         acknowledged meanwhile, so nothing is lost and the partition waits rather than skips. Resending
-        is safe because every record has a deterministic id that readers deduplicate.
-        """
+        is safe because every record has a deterministic id that readers deduplicate, and a changelog
+        record written twice holds the same value for its key (a batch's state is never written while an
+        earlier batch's is still on its way: the lifecycle waits for each)."""
         own = self._own_topics
         encoded = [
             (
@@ -246,32 +254,17 @@ class Context:
                         futures.append(await lanes.send(name, value, key=key, partition=part, headers=hdr))
                     else:
                         futures.append(await self.producer.send(name, key, value, part, None, hdr))
+                states = [await self.producer.send(t, k, v, p, None, None) for t, p, k, v in changelog or ()]
                 for fut in futures:
                     await fut
-                return
-            except (KafkaError, ProducerSendError, OSError) as exc:
-                log.warning("send failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def send_changelog(self, records: list[ChangelogRecord]) -> dict[str, dict[int, int]]:
-        """Produce state changelog records (connectors/table_state.py) and wait until all are durable;
-        the last offset written per topic and partition. Retried as `send_all` is: a record written
-        twice holds the same value for its key. A batch's state is never written while an earlier
-        batch's is still on its way (the lifecycle waits for each), so a retry cannot land a key's
-        older value after its newer one."""
-        delay = 0.1
-        while True:
-            try:
-                futures = [await self.producer.send(t, k, v, p, None, None) for t, p, k, v in records]
                 last: dict[str, dict[int, int]] = {}
-                for fut in futures:
+                for fut in states:
                     meta = await fut
                     parts = last.setdefault(meta.topic, {})
                     parts[meta.partition] = max(parts.get(meta.partition, -1), meta.offset)
                 return last
             except (KafkaError, ProducerSendError, OSError) as exc:
-                log.warning("changelog send failed (%s); retrying in %.1fs", exc, delay)
+                log.warning("send failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

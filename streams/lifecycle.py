@@ -184,14 +184,15 @@ class Lifecycle:
             log.info("a rebalance came before a batch of %d input(s) was written: decided again", len(messages))
             await self.on_batch(messages, events_topic, guard)  # those of partitions given away set aside
             return
-        try:
-            await self.ctx.send_all(self.ctx.packed(batch.sends))  # durable first (events packed) ...
+        changelog = self._changelog(batch)
+        try:  # the events (packed) and the state that says they were decided: durable together ...
+            durable = await self.ctx.send_all(self.ctx.packed(batch.sends), changelog)
         except BaseException:
             self._drop_handoffs(batch.handoffs)
             raise
         for qt, cid in batch.handoffs:  # claimed in-process: recorded, so run
             self.local.hand(qt, cid)
-        await self._remember(batch)  # ... then remembered
+        self._remember(batch, durable or {})  # ... then remembered here
 
     def _echoes(self, sends: list[tuple[Any, str, Any]], start: int) -> list[LocalInput]:
         """The inputs among `sends[start:]` addressed to tasks whose partition this worker holds, as local
@@ -215,25 +216,36 @@ class Lifecycle:
             log.info("%d input(s) handed over in-process go through the broker: their partition moved", len(lost))
             await self.ctx.send_all(self.ctx.inputs_packed(lost))
 
-    async def _remember(self, batch: _Batch) -> None:
-        """Save the batch's records and timers, each in its message's partition, and wait until their
-        changelog records are durable: only then may the batch's inputs be acknowledged (a worker that
-        takes the partition over recovers the state from the changelog)."""
-        changelog: list[ChangelogRecord] = []
+    def _by_partition(self, batch: _Batch) -> list[tuple[KeyedState, int, dict[bytes, bytes | None]]]:
+        """The batch's records and timers, each under its message's partition."""
+        out = []
         for state, items in ((self.tasks, batch.tasks), (self.timers, batch.timers)):
             by_partition: dict[int, dict[bytes, bytes | None]] = {}
             for key, value in items.items():
                 by_partition.setdefault(batch.source[key], {})[key] = value
-            for partition, writes in by_partition.items():
-                changelog.extend(state.write(partition, writes))
+            out.extend((state, partition, writes) for partition, writes in by_partition.items())
+        return out
+
+    def _changelog(self, batch: _Batch) -> list[ChangelogRecord]:
+        """The changelog records of the batch's state, to go out with its events: a worker that takes the
+        partition over recovers the state from the changelog, and must find it there whenever it finds
+        the events (else it decides the same inputs again)."""
+        return [
+            rec for state, partition, writes in self._by_partition(batch) for rec in state.changelog(partition, writes)
+        ]
+
+    def _remember(self, batch: _Batch, durable: dict[str, dict[int, int]]) -> None:
+        """Save the batch's records and timers in this worker's store, once they are durable in the
+        changelog (`durable`: the last offset written per changelog topic and partition), from which the
+        store's recovery reads on. Only then are the batch's inputs acknowledged."""
+        for state, partition, writes in self._by_partition(batch):
+            state.write(partition, writes)
         for key, timer in batch.timers.items():
             if timer is not None:
                 self.index.note(key, int(json.loads(timer)["due"]))
-        if changelog:
-            durable = await self.ctx.send_changelog(changelog)
-            for state in (self.tasks, self.timers):
-                for partition, offset in durable.get(state.changelog_topic, {}).items():
-                    state.persisted(partition, offset)
+        for state in (self.tasks, self.timers):
+            for partition, offset in durable.get(state.changelog_topic, {}).items():
+                state.persisted(partition, offset)
 
     async def on_message(self, message: Any, events_topic: str) -> None:
         if message.topic == events_topic:

@@ -74,7 +74,7 @@ class Recording:
         self.ctx = make_context(partitions=4)
         self.sent: list[tuple[Any, str, Any]] = []
 
-        async def send_all(sends: list[tuple[Any, str, Any]]) -> None:
+        async def send_all(sends: list[tuple[Any, str, Any]], changelog: Any = None) -> None:
             self.sent.extend(sends)
 
         self.ctx.send_all = send_all  # type: ignore[method-assign]

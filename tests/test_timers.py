@@ -56,7 +56,7 @@ def batching_lifecycle(sent: list[Any], event: Any) -> Lifecycle:
     tests/test_context.py's), events are made by `event(task, submission, version, at, payload)`, and
     messages carry their inputs decoded."""
 
-    async def send_all(sends: list[Any]) -> None:
+    async def send_all(sends: list[Any], changelog: Any = None) -> None:
         sent.append(list(sends))
 
     lc = lifecycle(requeue_ms=90_000)
@@ -501,3 +501,52 @@ def test_the_inbox_gives_what_arrived_in_order_once_and_its_wait_ends_only_when_
         assert [item.record.task_id for item, _ in box.drain()] == ["t0"]
 
     asyncio.run(scenario())
+
+
+class _Logged(MemoryState):
+    """A store with a changelog: what a batch writes here, after its changelog records are durable."""
+
+    changelog_topic = "tasks-changelog"
+
+    def __init__(self, calls: list[Any]) -> None:
+        super().__init__()
+        self.calls, self.persisted_at = calls, {}  # type: ignore[var-annotated]
+
+    def changelog(self, partition: int, items: Any) -> list[Any]:
+        return [(self.changelog_topic, partition, key, value) for key, value in items.items()]
+
+    def write(self, partition: int, items: Any) -> list[Any]:
+        self.calls.append(("write", sorted(items)))
+        return super().write(partition, items)
+
+    def persisted(self, partition: int, offset: int) -> None:
+        self.persisted_at[partition] = offset
+
+
+def test_a_batch_s_events_and_its_state_s_changelog_go_out_in_one_write_before_the_store_is_written() -> None:
+    """A worker killed between its events and its state's changelog left events no next owner's state
+    knew of: it decided the same inputs again, and a claim it took for its own worker differed (a fork
+    seen in CI). Both go in one write now, and the store is written once they are durable."""
+    import asyncio
+
+    calls: list[Any] = []
+
+    async def send_all(sends: list[Any], changelog: Any = None) -> dict[str, dict[int, int]]:
+        calls.append(("send", [type(ev).__name__ for _, _, (_, ev) in sends], [(t, p, k) for t, p, k, _ in changelog]))
+        return {"tasks-changelog": {0: 41}}
+
+    lc = batching_lifecycle([], lambda tid, sid, version, at, ev: (version, ev))
+    lc.ctx.send_all = send_all  # type: ignore[attr-defined]
+    lc.tasks = _Logged(calls)
+    spec = TaskSpec("t", "acme", ("true",))
+    dict.__setitem__(lc.tasks, b"t1", dumps(TaskRecord(TaskState("t1", Status.QUEUED, 4, spec, "s", attempt=1))))
+    value = r.InputRecord("i1", "t1", 101, "w", r.ClaimRequest(1, "w", "c1"))
+    message = SimpleNamespace(topic="inputs", partition=0, offset=1, key=b"t1", value=value, headers={})
+
+    async def guard(_message: Any, handling: Any) -> None:
+        await handling
+
+    asyncio.run(lc.on_batch([message], "events", guard))
+    assert calls == [("send", ["TaskClaimed"], [("tasks-changelog", 0, b"t1")]), ("write", [b"t1"])]
+    assert lc.tasks.persisted_at == {0: 41}
+    assert loads(lc.tasks[b"t1"]).state.status is Status.CLAIMED

@@ -33,7 +33,7 @@ from taskstream.projections.pg import BATCHER_CHANNEL
 from taskstream.schemas import records as r
 from taskstream.streams.context import Context
 
-from taskstream.core.batcher import DEFAULT_LANE, Candidate, Gate, Offer, gate, plan, room, route
+from taskstream.core.batcher import DEFAULT_LANE, Candidate, Gate, Offer, Promotions, gate, margin, plan, room, route
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class Batcher:
         self.promoted: dict[str, tuple[str, str, float]] = {}
         self.too_big: OrderedDict[str, None] = OrderedDict()
         self.rounds = 0
+        self.promotions = Promotions()  # their rate sizes the margin (core/batcher.py margin)
         self.gate = Gate(open=False)  # what the last round says to the owners (core/batcher.py Gate)
         self._said: tuple[Gate, float] | None = None  # the gate last published, and when (monotonic)
         self.moved: dict[str, float] = {}  # stranded task id -> when its move was sent (monotonic)
@@ -150,8 +151,10 @@ class Batcher:
         in_flight: dict[str, int] = {}
         for tenant, _, _ in self.promoted.values():
             in_flight[tenant] = in_flight.get(tenant, 0) + 1
-        k = room(offers, s.batch_ahead, sum(taken.values()) + len(self.promoted))
+        ahead = margin(self.promotions.rate(time.monotonic()), len(offers), s.batch_ahead, s.batch_ahead_max)
+        k = room(offers, ahead, sum(taken.values()) + len(self.promoted))
         if k == 0:
+            self.gate = Gate(open=False, margin=ahead)
             return []
         headroom: dict[str, int | None] = {}
         weights: dict[str, float] = {}
@@ -167,7 +170,7 @@ class Batcher:
                       for tid, tenant, cpu, mem, gpu, needs in rows]  # fmt: skip
         holding = {t: taken.get(t, 0) + in_flight.get(t, 0) for t in {*taken, *in_flight}}
         chosen, too_big = plan(candidates, k, headroom, weights, offers, holding)
-        self.gate = gate(offers, k, len(chosen), uncapped)
+        self.gate = gate(offers, k, len(chosen), uncapped, ahead)
         self._report_too_big(too_big, offers)
         log.debug("batcher: %d of %d candidates chosen (K %d)", len(chosen), len(candidates), k)
         return chosen
@@ -196,6 +199,7 @@ class Batcher:
         sent = time.monotonic()
         for c, lane in zip(chosen, lanes, strict=True):
             self.promoted[c.task_id] = (c.tenant, lane, sent)
+        self.promotions.add(sent, len(chosen))
 
     async def say_gate(self) -> None:
         """Publish the gate on the workers topic, which every worker follows (`Adverts.gate`): when it
@@ -271,7 +275,8 @@ def gate_record(g: Gate, node: str, at_ms: int) -> bytes:
     """The batcher's gate as published on the workers topic (beside the workers' advertisements)."""
     floors = {lane: {"cpus": f.cpus, "memory_mb": f.memory_mb, "gpus": f.gpus, "labels": dict(f.labels)}
               for lane, f in (g.floors or {}).items()}  # fmt: skip
-    body = {"gate": {"open": g.open, "uncapped": sorted(g.uncapped), "floors": floors}, "batcher": node, "at_ms": at_ms}
+    gate = {"open": g.open, "uncapped": sorted(g.uncapped), "floors": floors, "margin": g.margin}
+    body = {"gate": gate, "batcher": node, "at_ms": at_ms}
     return json.dumps(body, sort_keys=True).encode()
 
 
@@ -280,7 +285,8 @@ def gate_of(body: dict[str, Any]) -> Gate:
     floors = {str(lane): Offer(f"floor:{lane}", 0, 0, float(f["cpus"]), int(f["memory_mb"]), int(f["gpus"]),
                                (str(lane),), tuple(sorted((str(k), str(v)) for k, v in dict(f["labels"]).items())))
               for lane, f in dict(g["floors"]).items()}  # fmt: skip
-    return Gate(open=bool(g["open"]), uncapped=frozenset(str(t) for t in g["uncapped"]), floors=floors)
+    uncapped = frozenset(str(t) for t in g["uncapped"])
+    return Gate(open=bool(g["open"]), uncapped=uncapped, floors=floors, margin=int(g.get("margin", 0)))
 
 
 def offer_of(body: dict[str, Any]) -> Offer:

@@ -385,13 +385,20 @@ class LocalClaims:
         """Whether this worker may hold one more claim in `lane`: within its budget (or `most`)."""
         if self.closed:
             return False
-        budget = self.budget if self.peers(lane) else self.alone_budget
+        budget = self.budget if self.peers(lane) else self._alone_budget()
         if self.capacity.claims + self.reserved >= (budget if most is None else min(budget, most)):
             return False
         if self.capacity.could_run(spec.resources) is not None:
             return False
         executor = self.executor()
         return executor is not None and bool(executor.waiter.ready.is_set())
+
+    def _alone_budget(self) -> int:
+        """Alone on a lane: room plus the batcher's margin as its last gate said (widened while tasks are
+        promoted fast, taskstream/core/batcher.py margin), or batch_ahead, whichever is larger."""
+        g = self.gate()
+        said = self.budget + g.margin if g is not None and g.margin else 0
+        return max(self.alone_budget, said)
 
     def release(self, n: int) -> None:
         self.reserved -= n

@@ -98,6 +98,10 @@ class Settings:
     # task is queued as soon as it is ready.
     batcher: int = 1
     batch_ahead: int = 64
+    # ... widened up to this while tasks are promoted fast enough to need it: the rate of promotions times
+    # the read model's lag, shared among the live workers (taskstream/core/batcher.py margin). Equal to
+    # batch_ahead (or below it): a fixed margin.
+    batch_ahead_max: int = 256
     # A round runs when the read model says something changed, and at least this often.
     batcher_interval_ms: int = 1_000
     # Tenants (taskstream/core/tenants.py): "open" takes a submission's tenant as it comes (at the
@@ -304,6 +308,8 @@ def _timing_problems(s: Settings) -> list[str]:
         out.append(f"TASKSTREAM_READY_AT_ONCE={s.ready_at_once} must be 0 or 1")
     if s.batch_ahead < 0:
         out.append(f"TASKSTREAM_BATCH_AHEAD={s.batch_ahead} must not be negative")
+    if s.batch_ahead_max < 0:
+        out.append(f"TASKSTREAM_BATCH_AHEAD_MAX={s.batch_ahead_max} must not be negative")
     if s.batcher_interval_ms < 10:
         out.append(f"TASKSTREAM_BATCHER_INTERVAL_MS={s.batcher_interval_ms} must be at least 10")
     if s.lease_expiry_limit < 1:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from taskstream.schemas import records as r
 
 from taskstream.core import events as e
-from taskstream.core.batcher import Candidate, Offer, plan, room, route
+from taskstream.core.batcher import Candidate, Offer, Promotions, margin, plan, room, route
 from taskstream.core.submission import parse_document
 from taskstream.sdk import Client
 from tests.conftest import Stack, running, wait_until
@@ -34,6 +34,27 @@ def test_k_is_what_the_live_workers_take_less_what_is_taken() -> None:
     assert room([SMALL, GPU], batch_ahead=3, occupied=10) == 4
     assert room([SMALL], batch_ahead=0, occupied=50) == 0  # more taken than offered: none, never negative
     assert room([], batch_ahead=16, occupied=0) == 0  # no live worker: nothing is promoted
+
+
+def test_the_margin_grows_with_the_rate_of_promotions_shared_among_the_workers_within_its_bounds() -> None:
+    assert margin(0.0, 1, 64, 256) == 64  # nothing promoted lately (slow tasks, or a start): batch_ahead
+    assert margin(2.0, 1, 64, 256) == 64  # slow tasks: a later, more urgent one waits behind few
+    assert margin(290.0, 1, 64, 256, lag_s=0.5) == 160  # 145 a worker, up to the next step of 16
+    assert margin(290.0, 2, 64, 256, lag_s=0.5) == 80  # shared among two workers
+    assert margin(2000.0, 1, 64, 256) == 256  # never beyond batch_ahead_max
+    assert margin(2000.0, 1, 64, 64) == 64 and margin(2000.0, 1, 64, 16) == 64  # max at or below: fixed
+    assert margin(2000.0, 0, 64, 256) == 64  # no live worker
+
+
+def test_the_rate_of_promotions_counts_the_last_window_only() -> None:
+    p = Promotions(window_s=5.0)
+    assert p.rate(100.0) == 0.0
+    p.add(100.0, 50)
+    p.add(102.0, 0)  # a round that promoted nothing adds nothing
+    p.add(103.0, 100)
+    assert p.rate(104.0) == 30.0  # 150 over 5 s
+    assert p.rate(106.0) == 20.0  # the first round is out of the window
+    assert p.rate(200.0) == 0.0
 
 
 def test_one_tenant_gets_the_top_k_in_rank_order() -> None:

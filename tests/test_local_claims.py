@@ -18,7 +18,7 @@ from taskstream.streams.batcher import gate_of, gate_record, offer_of
 from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, LocalClaims, claim_id_of
 
 from taskstream.core import events as e
-from taskstream.core.batcher import Candidate, Offer, floors, gate
+from taskstream.core.batcher import Candidate, Gate, Offer, floors, gate
 from taskstream.core.model import Resources, TaskSpec
 from taskstream.settings import Settings
 
@@ -86,6 +86,32 @@ def test_a_worker_alone_on_its_lane_claims_as_far_as_the_batcher_s_margin_and_sh
     asyncio.run(go())
 
 
+def test_a_worker_alone_claims_as_far_as_the_margin_the_batcher_s_gate_last_said_and_never_less_than_its_own() -> None:
+    async def go() -> None:
+        cap = Capacity(slots=1, cpus=1.0, memory_mb=1024, gpus=0)
+        ex = _Executor()
+        ex.waiter.ready.set()
+        said: list[Gate | None] = [None]
+        local = LocalClaims(
+            "w1", cap, 2, lambda: {"default"}, lambda: ex, alone_budget=5, peers=lambda _lane: 0, gate=lambda: said[0]
+        )
+
+        def reserved(n: int) -> int:
+            got = sum(local.reserve(queued(f"t{i}")) is not None for i in range(n))
+            local.release(got)
+            return got
+
+        assert reserved(20) == 5  # no gate heard: room + its own batch_ahead
+        said[0] = Gate(open=False, margin=12)  # widened by the batcher: room 2 + 12
+        assert reserved(20) == 14
+        said[0] = Gate(open=False, margin=1)  # narrower than its own: its own
+        assert reserved(20) == 5
+        said[0] = Gate(open=False)  # a gate from a batcher that says no margin
+        assert reserved(20) == 5
+
+    asyncio.run(go())
+
+
 # -- the batcher's gate: a task that becomes ready skips the round while nothing waits for room -------
 def offer(worker: str, cpus: float, lanes: tuple[str, ...] = ("default",), gpus: int = 0, **labels: str) -> Offer:
     return Offer(worker, 2, 1, cpus, 4096, gpus, lanes, tuple(sorted(labels.items())))
@@ -118,9 +144,11 @@ def test_a_lane_s_floor_is_the_least_each_of_its_workers_offers_and_a_task_goes_
 
 
 def test_the_gate_survives_its_trip_through_the_workers_topic_and_is_told_from_an_advertisement() -> None:
-    g = gate([offer("a", 2.0, ("default", "gpu"), gpus=2, zone="[red]x")], k=4, chosen=1, uncapped=["t1", "t2"])
+    g = gate([offer("a", 2.0, ("default", "gpu"), gpus=2, zone="[red]x")], 4, 1, ["t1", "t2"], margin=96)
     body = json.loads(gate_record(g, "node-1", 123))
-    assert gate_of(body) == g
+    assert gate_of(body) == g and gate_of(body).margin == 96
+    del body["gate"]["margin"]  # from a batcher before the margin was told: none said
+    assert gate_of(body).margin == 0
     with pytest.raises(KeyError):
         offer_of(body)  # the workers topic's readers skip it as an advertisement
     with pytest.raises((KeyError, TypeError, ValueError)):

@@ -21,6 +21,8 @@ No I/O and no clock: streams/batcher.py reads the read model and sends the promo
 from __future__ import annotations
 
 import heapq
+import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -53,6 +55,45 @@ class Candidate:
     def fits(self, offer: Offer) -> bool:
         return (self.cpu <= offer.cpus and self.memory_mb <= offer.memory_mb and self.gpu <= offer.gpus
                 and all(pair in offer.labels for pair in self.labels))  # fmt: skip
+
+
+# The read model's lag as the margin counts it: how long a promoted task still shows as queued, claimed
+# or running after it left (projection, NOTIFY, the next round). At 72 places per worker the trip held
+# the rate to ~290 tasks/s here, ~0.25 s a place (docs/measurements.md, "What limits it now").
+MARGIN_LAG_S = 0.5
+MARGIN_STEP = 16  # the margin moves in steps: a gate that changed every round would be sent every round
+RATE_WINDOW_S = 5.0  # promotions counted over this long for their rate
+
+
+def margin(rate_per_s: float, workers: int, least: int, most: int, lag_s: float = MARGIN_LAG_S) -> int:
+    """Each live worker's margin (K beyond its slots and claim_ahead): what the workers finish while the
+    read model catches up, that is the rate at which tasks are promoted (in a steady state, the rate at
+    which they end) times the lag, shared among the workers; at least `least` (`batch_ahead`), at most
+    `most` (`batch_ahead_max`, where it is the larger). Slow tasks keep the margin at `least`, so a later,
+    more urgent task waits behind few; fast ones widen it, so the workers do not wait for the read model."""
+    if workers <= 0 or most <= least:
+        return least
+    want = math.ceil(rate_per_s * lag_s / workers / MARGIN_STEP) * MARGIN_STEP
+    return max(least, min(most, want))
+
+
+class Promotions:
+    """The tasks promoted over the last RATE_WINDOW_S, for their rate (times are the caller's, seconds)."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.seen: deque[tuple[float, int]] = deque()
+        self.total = 0
+
+    def add(self, at: float, n: int) -> None:
+        if n > 0:
+            self.seen.append((at, n))
+            self.total += n
+
+    def rate(self, now: float) -> float:
+        while self.seen and self.seen[0][0] < now - self.window_s:
+            self.total -= self.seen.popleft()[1]
+        return self.total / self.window_s
 
 
 def room(offers: Iterable[Offer], batch_ahead: int, occupied: int) -> int:
@@ -144,6 +185,9 @@ class Gate:
     open: bool
     uncapped: frozenset[str] = frozenset()
     floors: Mapping[str, Offer] | None = None
+    # each worker's margin in that round (`margin`): how far a worker alone on its lane claims ahead
+    # in-process (streams/worker.LocalClaims); 0: not said (its own batch_ahead)
+    margin: int = 0
 
     def lane_for(self, tenant: str, need: Candidate, lanes: Sequence[str]) -> str | None:
         """The first of `lanes` every live worker of which fits `need`, if the gate lets a task of
@@ -154,9 +198,9 @@ class Gate:
         return next((lane for lane in lanes if lane in floors and need.fits(floors[lane])), None)
 
 
-def gate(offers: Sequence[Offer], k: int, chosen: int, uncapped: Iterable[str]) -> Gate:
+def gate(offers: Sequence[Offer], k: int, chosen: int, uncapped: Iterable[str], margin: int = 0) -> Gate:
     """The gate after a round that had room for `k` and promoted `chosen`: open if room was left over."""
-    return Gate(open=chosen < k, uncapped=frozenset(uncapped), floors=floors(offers))
+    return Gate(open=chosen < k, uncapped=frozenset(uncapped), floors=floors(offers), margin=margin)
 
 
 def floors(offers: Sequence[Offer]) -> dict[str, Offer]:

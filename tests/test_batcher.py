@@ -162,7 +162,7 @@ def test_a_round_keeps_every_bound_and_leaves_no_room_unused_that_a_candidate_co
 
 
 # ---- on a real stack ---------------------------------------------------------------------------------
-# One worker with 2 slots, claim_ahead 1, 2 cpus, and a batcher keeping 2 more queued: K = 5. Tenants
+# One worker with 2 slots, claim_ahead 1, 2 cpus, and a batcher keeping 2 more queued (never widened): K = 5. Tenants
 # closed: only tenants set by command are admitted (`dispatch`, which test_dispatch.submit uses, is set).
 SLOTS, AHEAD, BATCH_AHEAD, CPUS = 2, 1, 2, 2.0
 K = SLOTS + AHEAD + BATCH_AHEAD
@@ -175,6 +175,7 @@ def small(tmp_path_factory: pytest.TempPathFactory, stack_kind: str) -> Iterator
         TASKSTREAM_WORKER_SLOTS=str(SLOTS),
         TASKSTREAM_CLAIM_AHEAD=str(AHEAD),
         TASKSTREAM_BATCH_AHEAD=str(BATCH_AHEAD),
+        TASKSTREAM_BATCH_AHEAD_MAX=str(BATCH_AHEAD),  # a fixed margin: K stays 5 however fast tasks go
         TASKSTREAM_WORKER_CPUS=str(CPUS),
         TASKSTREAM_TENANTS="closed",
         TASKSTREAM_WORKER_LABELS="zone=[red]lab",  # markup in a label is printed as it is

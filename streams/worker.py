@@ -452,6 +452,9 @@ class Capacity:
         self.used = [0, 0.0, 0, 0]  # slots, cpus, memory_mb, gpus
         self.claims = 0  # claims held, running or waiting for room (advertised)
         self.waiters: list[asyncio.Future[None]] = []
+        # the claims waiting for room, in the order they began to wait, with their needs: room that frees
+        # goes to the first of them it fits, never to one that came later (`line`)
+        self.line: list[tuple[object, Any]] = []
         self.running: dict[str, _Running] = {}  # claim id -> its run, while it runs (advertised)
 
     @classmethod
@@ -477,15 +480,28 @@ class Capacity:
                 and u[3] + res.gpu <= self.gpus)  # fmt: skip
 
     def try_take(self, res: Any) -> bool:
-        """Take the task's needs if they fit now (True); else take nothing (False)."""
-        if not self._fits(res):
+        """Take the task's needs if they fit now and no claim waiting before it would fit (True); else
+        take nothing (False)."""
+        if not self._fits(res) or any(self._fits(need) for _, need in self.line):
             return False
-        u = self.used
-        u[0], u[1], u[2], u[3] = u[0] + 1, u[1] + res.cpu, u[2] + res.memory_mb, u[3] + res.gpu
+        self._use(res)
         return True
 
-    async def take(self, res: Any) -> None:
-        while not self._fits(res):
+    def join(self, res: Any) -> object:
+        """Wait in line for room (`take`); the ticket leaves the line with `leave`."""
+        ticket = object()
+        self.line.append((ticket, res))
+        return ticket
+
+    def leave(self, ticket: object) -> None:
+        self.line = [(t, need) for t, need in self.line if t is not ticket]
+        self._wake()  # the next in line may fit now
+
+    async def take(self, res: Any, ticket: object) -> None:
+        """Wait until the task fits and no claim ahead of it in line (`join`) would; take its needs. A
+        claim that came later never takes room an earlier one fits (which let a task claimed ahead wait
+        behind tasks ranked after it, for as long as they came)."""
+        while not self._fits(res) or self._first_fitting() is not ticket:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.waiters.append(fut)
             try:
@@ -493,15 +509,25 @@ class Capacity:
             finally:
                 with contextlib.suppress(ValueError):
                     self.waiters.remove(fut)
+        self._use(res)
+        self.leave(ticket)
+
+    def _first_fitting(self) -> object | None:
+        return next((t for t, need in self.line if self._fits(need)), None)
+
+    def _use(self, res: Any) -> None:
         u = self.used
         u[0], u[1], u[2], u[3] = u[0] + 1, u[1] + res.cpu, u[2] + res.memory_mb, u[3] + res.gpu
+
+    def _wake(self) -> None:
+        for fut in self.waiters:  # each looks again whether it fits now
+            if not fut.done():
+                fut.set_result(None)
 
     def give(self, res: Any) -> None:
         u = self.used
         u[0], u[1], u[2], u[3] = u[0] - 1, u[1] - res.cpu, u[2] - res.memory_mb, u[3] - res.gpu
-        for fut in self.waiters:  # each looks again whether it fits now
-            if not fut.done():
-                fut.set_result(None)
+        self._wake()
 
     def runs(self) -> list[dict[str, Any]]:
         """The running tasks as advertised for the resource manager: each one's resident memory (its
@@ -679,13 +705,17 @@ class Executor:
         the worker that came meanwhile can run it)."""
         if self.capacity.try_take(qt.spec.resources):
             return True  # fits now: no wait (nor a timer for one)
-        while True:
-            try:
-                await asyncio.wait_for(self.capacity.take(qt.spec.resources), GIVE_BACK_CHECK_S)
-                return True
-            except TimeoutError:
-                if self.excess(qt.lane):
-                    return False
+        ticket = self.capacity.join(qt.spec.resources)  # its place in line, kept across the checks
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(self.capacity.take(qt.spec.resources, ticket), GIVE_BACK_CHECK_S)
+                    return True
+                except TimeoutError:
+                    if self.excess(qt.lane):
+                        return False
+        finally:
+            self.capacity.leave(ticket)  # (taken: left already)
 
     async def _report(self, task_id: str, at: int, body: Any, input_id: str, start: Any = None) -> None:
         """Send one report and wait until it is durable. `start`: the run's start report, held back (see

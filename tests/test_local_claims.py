@@ -274,3 +274,33 @@ def test_a_run_gives_its_claim_and_slot_back_once_it_has_ended_while_its_report_
         assert beating == set() and cap.used[0] == 0 and cap.claims == 0  # given back once, not twice
 
     asyncio.run(go())
+
+
+def test_room_that_frees_goes_to_the_first_waiting_claim_it_fits_never_to_one_that_came_later() -> None:
+    """A task claimed ahead waits for a slot; one claimed later must not take the slot it frees (seen in
+    CI: a flood ranked after the busy tasks ran before the last of them)."""
+
+    async def go() -> None:
+        cap = Capacity(slots=1, cpus=4.0, memory_mb=1024, gpus=0)
+        small, big = Resources(cpu=1.0), Resources(cpu=4.0)
+        assert cap.try_take(small)  # running
+        first = cap.join(small)
+        waiting = asyncio.ensure_future(cap.take(small, first))
+        await asyncio.sleep(0)
+        cap.give(small)  # the run ends ...
+        assert not cap.try_take(small)  # ... and a later claim does not barge in
+        await waiting
+        assert cap.used[0] == 1 and cap.line == []
+        # a head of the line that does not fit leaves the room to the next that does
+        cap.give(small)
+        assert cap.try_take(Resources(cpu=1.0))  # 1 of 4 cpus taken, slot taken
+        cap.slots = 2
+        wide = cap.join(big)
+        narrow = cap.join(small)
+        got = asyncio.ensure_future(cap.take(small, narrow))
+        await asyncio.sleep(0)
+        assert got.done() and cap.used[0] == 2  # the big one (first) does not fit 3 cpus left; the small one does
+        cap.leave(wide)
+        assert cap.line == []
+
+    asyncio.run(go())

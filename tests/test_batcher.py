@@ -52,9 +52,21 @@ def test_the_rate_of_promotions_counts_the_last_window_only() -> None:
     p.add(100.0, 50)
     p.add(102.0, 0)  # a round that promoted nothing adds nothing
     p.add(103.0, 100)
-    assert p.rate(104.0) == 30.0  # 150 over 5 s
-    assert p.rate(106.0) == 20.0  # the first round is out of the window
+    assert p.rate(105.0) == 30.0  # 150 over the 5 s since the first
+    assert p.rate(106.0) == pytest.approx(100 / 3)  # the first round is out of the window: 100 over the 3 s since the other
+    assert p.rate(108.0) == 20.0
     assert p.rate(200.0) == 0.0
+
+
+def test_the_rate_of_a_burst_after_a_quiet_spell_is_its_own() -> None:
+    p = Promotions(window_s=5.0)
+    p.add(100.0, 300)
+    assert p.rate(100.0) == 300.0  # one round: over at least a second, not a rate of its own
+    assert p.rate(100.5) == 300.0
+    p.add(101.0, 300)
+    assert p.rate(102.0) == 300.0  # 600 over the 2 s since the burst began, not over the whole window
+    p.add(110.0, 10)
+    assert p.rate(110.0) == 10.0  # the burst is out of the window: the next round's alone
 
 
 def test_one_tenant_gets_the_top_k_in_rank_order() -> None:

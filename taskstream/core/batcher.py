@@ -64,6 +64,7 @@ class Candidate:
 MARGIN_LAG_S = 1.0
 MARGIN_STEP = 16  # the margin moves in steps: a gate that changed every round would be sent every round
 RATE_WINDOW_S = 5.0  # promotions counted over this long for their rate
+RATE_FLOOR_S = 1.0  # ... and over at least this long, so one round's promotions are not a rate of their own
 
 
 def margin(rate_per_s: float, workers: int, least: int, most: int, lag_s: float = MARGIN_LAG_S) -> int:
@@ -79,7 +80,12 @@ def margin(rate_per_s: float, workers: int, least: int, most: int, lag_s: float 
 
 
 class Promotions:
-    """The tasks promoted over the last RATE_WINDOW_S, for their rate (times are the caller's, seconds)."""
+    """The tasks promoted over the last RATE_WINDOW_S, for their rate (times are the caller's, seconds).
+
+    The rate is over the span the window has covered since promotions began or resumed (at least
+    RATE_FLOOR_S), not over the whole window: a burst that begins after a quiet spell is seen at its
+    own rate within a round or two, where counting the quiet part of the window would take the whole
+    window to see it, and the margin it sizes would hold the burst back meanwhile."""
 
     def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
         self.window_s = window_s
@@ -94,7 +100,9 @@ class Promotions:
     def rate(self, now: float) -> float:
         while self.seen and self.seen[0][0] < now - self.window_s:
             self.total -= self.seen.popleft()[1]
-        return self.total / self.window_s
+        if not self.seen:
+            return 0.0
+        return self.total / max(RATE_FLOOR_S, now - self.seen[0][0])
 
 
 def room(offers: Iterable[Offer], batch_ahead: int, occupied: int) -> int:

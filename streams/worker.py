@@ -451,10 +451,11 @@ class Capacity:
         self.labels = dict(labels or {})
         self.used = [0, 0.0, 0, 0]  # slots, cpus, memory_mb, gpus
         self.claims = 0  # claims held, running or waiting for room (advertised)
-        self.waiters: list[asyncio.Future[None]] = []
-        # the claims waiting for room, in the order they began to wait, with their needs: room that frees
-        # goes to the first of them it fits, never to one that came later (`line`)
-        self.line: list[tuple[object, Any]] = []
+        # the claims waiting for room, in the order they began to wait: ticket -> [its needs, the future it
+        # waits on, if it waits now]. Room that frees goes to the first of them it fits, never to one that
+        # came later, and only that one is woken (`_wake`): waking every waiter on every freed slot cost
+        # a tenth of the worker's CPU with a few hundred claims waiting (docs/measurements.md)
+        self.line: dict[object, list[Any]] = {}
         self.running: dict[str, _Running] = {}  # claim id -> its run, while it runs (advertised)
 
     @classmethod
@@ -482,7 +483,7 @@ class Capacity:
     def try_take(self, res: Any) -> bool:
         """Take the task's needs if they fit now and no claim waiting before it would fit (True); else
         take nothing (False)."""
-        if not self._fits(res) or any(self._fits(need) for _, need in self.line):
+        if not self._fits(res) or self._first_fitting() is not None:
             return False
         self._use(res)
         return True
@@ -490,38 +491,41 @@ class Capacity:
     def join(self, res: Any) -> object:
         """Wait in line for room (`take`); the ticket leaves the line with `leave`."""
         ticket = object()
-        self.line.append((ticket, res))
+        self.line[ticket] = [res, None]
         return ticket
 
     def leave(self, ticket: object) -> None:
-        self.line = [(t, need) for t, need in self.line if t is not ticket]
-        self._wake()  # the next in line may fit now
+        if self.line.pop(ticket, None) is not None:
+            self._wake()  # the next in line may fit now
 
     async def take(self, res: Any, ticket: object) -> None:
         """Wait until the task fits and no claim ahead of it in line (`join`) would; take its needs. A
         claim that came later never takes room an earlier one fits (which let a task claimed ahead wait
         behind tasks ranked after it, for as long as they came)."""
+        place = self.line[ticket]
         while not self._fits(res) or self._first_fitting() is not ticket:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self.waiters.append(fut)
+            place[1] = asyncio.get_running_loop().create_future()
             try:
-                await fut
+                await place[1]
             finally:
-                with contextlib.suppress(ValueError):
-                    self.waiters.remove(fut)
+                place[1] = None
         self._use(res)
         self.leave(ticket)
 
     def _first_fitting(self) -> object | None:
-        return next((t for t, need in self.line if self._fits(need)), None)
+        return next((t for t, (need, _) in self.line.items() if self._fits(need)), None)
 
     def _use(self, res: Any) -> None:
         u = self.used
         u[0], u[1], u[2], u[3] = u[0] + 1, u[1] + res.cpu, u[2] + res.memory_mb, u[3] + res.gpu
 
     def _wake(self) -> None:
-        for fut in self.waiters:  # each looks again whether it fits now
-            if not fut.done():
+        """Wake the first claim in line that fits now, if it waits; once it has taken its room it leaves
+        the line, which wakes the next that fits then."""
+        first = self._first_fitting()
+        if first is not None:
+            fut = self.line[first][1]
+            if fut is not None and not fut.done():
                 fut.set_result(None)
 
     def give(self, res: Any) -> None:

@@ -57,6 +57,19 @@ def test_calls_run_with_their_output_environment_and_directory_and_the_runner_is
             code = "import os; print('TASKSTREAM_TASK_ID' in os.environ)"
             out = await again.call(request(tmp_path, "builtins:exec", code))
             assert out["tail"] == "False\n"
+            # what a call changes of its environment and directory is not the next call's
+            mess = "import os; os.environ['LEAKED'] = '1'; os.environ.pop('PATH'); os.chdir('/')"
+            assert (await again.call(request(tmp_path, "builtins:exec", mess)))["exit_code"] == 0
+            code = "import os; print('LEAKED' in os.environ, os.environ['PATH'], os.getcwd())"
+            out = await again.call(request(tmp_path, "builtins:exec", code))
+            assert out["tail"] == f"False {os.environ['PATH']} {tmp_path}\n"
+            # nor the directory it removed while it was in it
+            gone = tmp_path / "gone"
+            gone.mkdir()
+            rm = "import os; os.rmdir(os.getcwd())"
+            assert (await again.call(request(gone, "builtins:exec", rm)))["exit_code"] == 0
+            out = await again.call(request(tmp_path, "builtins:exec", "import os; print(os.getcwd())"))
+            assert out["tail"] == f"{tmp_path}\n"
         finally:
             runners.release(runner)
             await runners.close()

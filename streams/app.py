@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import time
 from typing import Any
 
 import faust
+import orjson
 from faust.types import TP
 from taskstream.connectors import broker
 from taskstream.connectors.faust_patches import (
@@ -362,7 +362,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             for k, v in list(timers.items()):
                 if v is None:
                     continue
-                t = json.loads(v)
+                t = orjson.loads(v)
                 due = int(t["due"])
                 if after_rebalance and t["purpose"] == "recheck":
                     early.add(k)
@@ -376,7 +376,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             raw_timer = timers.get(key)
             if raw_timer is None:
                 continue
-            t = json.loads(raw_timer)
+            t = orjson.loads(raw_timer)
             if t["purpose"] == "recheck" and key in early:
                 early.discard(key)  # due now: pulled forward by a rebalance
             elif t["due"] > now:

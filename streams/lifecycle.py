@@ -23,6 +23,7 @@ import logging
 from collections import deque
 from typing import Any
 
+import orjson
 from taskstream.connectors.table_state import ChangelogRecord, KeyedState
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError, _plain, spec_from
@@ -242,7 +243,7 @@ class Lifecycle:
             state.write(partition, writes)
         for key, timer in batch.timers.items():
             if timer is not None:
-                self.index.note(key, int(json.loads(timer)["due"]))
+                self.index.note(key, int(orjson.loads(timer)["due"]))
         for state in (self.tasks, self.timers):
             for partition, offset in durable.get(state.changelog_topic, {}).items():
                 state.persisted(partition, offset)
@@ -629,7 +630,7 @@ class Lifecycle:
 
     def _set_timer(self, task_id: str, timer: dict[str, Any]) -> None:
         key = task_id.encode()
-        raw = json.dumps(timer).encode()
+        raw = orjson.dumps(timer)
         if self._batch is not None:
             self._batch.timers[key] = raw
             self._batch.source[key] = self._partition()

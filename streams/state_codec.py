@@ -1,11 +1,15 @@
-"""JSON for what the lifecycle agent keeps in its table: the task's state plus dependency bookkeeping."""
+"""JSON for what the lifecycle agent keeps in its table: the task's state plus dependency bookkeeping.
+
+Written and read with orjson: the standard library's json was a twentieth of the worker's CPU per task
+(every transition writes the task's record). Either reads what the other wrote.
+"""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from taskstream.schemas.codec import _plain, spec_from
 
 from taskstream.core.model import Claim, Status, TaskState
@@ -42,7 +46,7 @@ def dumps(rec: TaskRecord) -> bytes:
         "lane": s.lane,
         "limited_claim": s.limited_claim,
     }
-    return json.dumps(
+    return orjson.dumps(
         {
             "state": d,
             "dependents": rec.dependents,
@@ -51,11 +55,11 @@ def dumps(rec: TaskRecord) -> bytes:
             "lease_until_ms": rec.lease_until_ms,
             "rechecks": rec.rechecks,
         }
-    ).encode()
+    )
 
 
 def loads(raw: bytes) -> TaskRecord:
-    obj = json.loads(raw)
+    obj = orjson.loads(raw)
     d = obj["state"]
     state = TaskState(
         task_id=d["task_id"],

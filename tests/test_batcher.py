@@ -53,7 +53,7 @@ def test_the_rate_of_promotions_counts_the_last_window_only() -> None:
     p.add(102.0, 0)  # a round that promoted nothing adds nothing
     p.add(103.0, 100)
     assert p.rate(105.0) == 30.0  # 150 over the 5 s since the first
-    assert p.rate(106.0) == pytest.approx(100 / 3)  # the first round is out of the window: 100 over the 3 s since the other
+    assert p.rate(106.0) == pytest.approx(100 / 3)  # the first is out of the window: 100 over 3 s
     assert p.rate(108.0) == 20.0
     assert p.rate(200.0) == 0.0
 

@@ -8,8 +8,16 @@ shows as latency instead of hiding it. The sender sends every submission due by 
 (`Client.submit_many`, each still a submission of its own): one call per submission, a produce and a
 wait for the broker each (~5-8 ms), fell behind from about 150/s on, and that was the sender's limit,
 not the scheduler's. Submit -> start is the TaskStarted's event time minus the
-intended send time; each hop's share comes from the event times PostgreSQL keeps (admitted, queued,
-claimed, started). Last, a chain of 40 no-op callables: from its send to the last task's success.
+intended send time. Each hop's share is measured on the wall clock, from the times the broker keeps:
+the event times PostgreSQL keeps are decision times (admission decides at the command's log time, the
+owner at its input's), so they say nothing of where the time goes. The hops:
+  sender: intended send -> the command's log time (the client's produce);
+  admission: the command -> the admitter's TasksAdmitted record (consume, decide, produce);
+  owner: TasksAdmitted -> the owner's record of the TaskClaimed (the admission transaction's commit,
+    the owner's fetch and Faust's delivery, its batch of decisions);
+  start: that record -> the TaskStarted's event time (the write's round trip, the hand-over, the
+    runner starting the call).
+Last, a chain of 40 no-op callables: from its send to the last task's success.
 
     python bench/latency.py [--engines kafka|fallback|both] [--probe 300] [--seconds 20] [--set NAME=VALUE ...]
 
@@ -31,13 +39,74 @@ from _stack import add_set_option, embedded_stack, kinds, percentiles_ms, set_se
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 NOOP = {"call": "os:getpid"}
-HOPS = ("send_to_admitted", "admitted_to_queued", "queued_to_claimed", "claimed_to_started")
+HOPS = ("sender", "admission", "owner", "start")
+
+
+def event_ends(s: Any) -> dict[int, int]:
+    """The events topic's end offset per partition: where a level's records begin."""
+    from confluent_kafka import TopicPartition
+    from taskstream.connectors.kafka import consumer
+
+    c = consumer(s, group=f"bench-latency-{uuid.uuid4().hex[:8]}")
+    try:
+        topic = s.topic("events")
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(s.partitions)}
+    finally:
+        c.close()
+
+
+def record_times(s: Any, codec: Any, since: dict[int, int]) -> dict[str, dict[str, float]]:
+    """Task id -> the log times (s) of the records that carried its TasksAdmitted and its first
+    TaskClaimed, and its first TaskStarted's event time; read from `since` to the end."""
+    from confluent_kafka import TopicPartition
+    from taskstream.connectors.kafka import consumer
+    from taskstream.schemas.records import TaskEvents, TasksAdmitted
+
+    topic = s.topic("events")
+    c = consumer(s, group=f"bench-latency-{uuid.uuid4().hex[:8]}")
+    out: dict[str, dict[str, float]] = {}
+    try:
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in since}
+        c.assign([TopicPartition(topic, p, o) for p, o in since.items() if o < ends[p]])
+        left = {p for p, o in since.items() if o < ends[p]}
+        quiet = 0
+        while left and quiet < 5:  # the last offsets may be transaction markers, never delivered
+            batch = c.consume(1000, 1.0)
+            quiet = 0 if batch else quiet + 1
+            for part in c.position([TopicPartition(topic, p) for p in left]):
+                if part.offset >= ends[part.partition]:
+                    left.discard(part.partition)
+            for m in batch:
+                if m.error():
+                    continue
+                at = m.timestamp()[1] / 1000
+                p = codec.decode("event", m.value()).payload
+                if type(p) is TasksAdmitted:
+                    for t in p.tasks:
+                        out.setdefault(t.task_id, {}).setdefault("admitted", at)
+                elif type(p) is TaskEvents:
+                    for e in p.events:
+                        kind = type(e.payload).__name__
+                        if kind == "TaskClaimed":
+                            out.setdefault(e.task_id, {}).setdefault("claimed", at)
+                        elif kind == "TaskStarted":
+                            out.setdefault(e.task_id, {}).setdefault("started", e.event_ms / 1000)
+    finally:
+        c.close()
+    return out
 
 
 def one_task(tag: str) -> Any:
     from taskstream.core.submission import parse_document
 
     return parse_document({"tenant": "bench", "tasks": [{"name": tag, **NOOP}]})
+
+
+def hop_shares(hops: dict[str, list[float]]) -> dict[str, float]:
+    """Each hop's median as a share of the sum of the medians."""
+    medians = {h: max(0.0, statistics.median(v)) for h, v in hops.items() if v}
+    total = sum(medians.values())
+    return {h: round(m / total, 3) for h, m in medians.items()} if total > 0 else {}
 
 
 def wait_done(conn: Any, tenant_tasks: int, timeout: float = 600) -> None:
@@ -66,6 +135,9 @@ def main() -> int:
     for kind in kinds(args.engines):
         with embedded_stack(kind, **extra) as env:
             s = settings_of(env)
+            from taskstream.connectors.kafka import make_codec
+
+            codec = make_codec(s)
             conn = psycopg.connect(s.dsn, autocommit=True)
             total = 0
             with Client(s, issuer="bench") as client:
@@ -83,6 +155,7 @@ def main() -> int:
                     n = max(10, int(rate * args.seconds))
                     tag = f"r{int(share * 100)}-{uuid.uuid4().hex[:6]}"
                     intended: dict[str, float] = {}
+                    since = event_ends(s)
                     start = time.time() + 0.2
                     i = 0
                     while i < n:
@@ -99,24 +172,27 @@ def main() -> int:
                     total += n
                     wait_done(conn, total)
                     rows = conn.execute(
-                        "SELECT t.submission_id::text, extract(epoch FROM t.admitted_at), "
-                        "extract(epoch FROM a.queued_at), extract(epoch FROM a.claimed_at), "
+                        "SELECT t.submission_id::text, t.task_id::text, extract(epoch FROM t.admitted_at), "
                         "extract(epoch FROM a.started_at) FROM tasks t JOIN attempts a USING (task_id) "
                         "WHERE t.name LIKE %s AND a.attempt = 1",
                         (f"{tag}-%",),
                     ).fetchall()
+                    logged = record_times(s, codec, since)
                     latency, hops = [], {h: [] for h in HOPS}
-                    for sid, admitted, queued, claimed, started in rows:
+                    for sid, tid, commanded, started in rows:
                         sent = intended[sid]
                         latency.append(float(started) - sent)
-                        points = (sent, float(admitted), float(queued), float(claimed), float(started))
-                        for h, a, b in zip(HOPS, points, points[1:], strict=False):
-                            hops[h].append(b - a)
+                        t = logged.get(tid, {})
+                        if "admitted" in t and "claimed" in t:
+                            points = (sent, float(commanded), t["admitted"], t["claimed"], float(started))
+                            for h, a, b in zip(HOPS, points, points[1:], strict=False):
+                                hops[h].append(b - a)
                     levels[f"{int(share * 100)}%"] = {
                         "rate_tasks_per_s": round(rate, 2),
                         "tasks": len(rows),
                         "submit_to_start_ms": percentiles_ms(latency),
-                        "hop_median_ms": {h: round(statistics.median(v) * 1000, 1) for h, v in hops.items() if v},
+                        "hop_ms": {h: percentiles_ms(v) for h, v in hops.items() if v},
+                        "hop_share_of_median": hop_shares(hops),
                     }
                     print(f"{kind} {int(share * 100)}%: {levels[f'{int(share * 100)}%']}", flush=True)
                 # a chain of 40

@@ -359,26 +359,30 @@ def test_a_stopping_worker_hands_back_what_it_cannot_finish(workerless: Stack, w
 
 
 def test_a_worker_alone_claims_ahead_for_itself_and_gives_the_excess_back_when_another_comes(
-    workerless: Stack, workers: Workers
+    workerless: Stack, workers: Workers, tmp_path: Path
 ) -> None:
     """Worker 0 alone on the lane: its lifecycle claims the promoted tasks for it as it queues them,
     beyond its 4 slots and 4 claimed ahead (LocalClaims). Then worker 1 starts: worker 0 gives back the
     claims beyond 8 that wait for a slot (TaskReleased, no retry used up), and worker 1 runs some of
     them. From the log, every task succeeds once; the first claims were decided with their queuing,
     by worker 0's own lifecycle."""
+    gate = tmp_path / "go"  # every task waits for it: worker 0's slots stay full until worker 1 ran some
     a = workers.start(0)
-    # 3 s each: worker 0 alone runs the 22 beyond its budget of 8 in 16.5 s, time enough for worker 1
-    # to start and be heard (6 s here, bench/results/worker-join-kafka.json; more on a busy machine)
-    tasks = [{"name": f"s{i}", "call": "time:sleep", "args": [3.0]} for i in range(30)]
+    wait_for_gate = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)"
+    tasks = [{"name": f"s{i}", "argv": [sys.executable, "-c", wait_for_gate, str(gate)]} for i in range(30)]
     sid, ids = submit(workerless, tasks)
 
-    def claimed_by_a() -> int | None:
-        n = sum(1 for _, st, _, w, *_ in rows(workerless, sid) if st in ("CLAIMED", "RUNNING") and w
-                and f"-{a.pid}-" in w)  # fmt: skip
-        return n if n > 8 else None
+    def claimed_by(w: subprocess.Popen[bytes], states: tuple[str, ...]) -> int:
+        return sum(1 for _, st, _, wid, *_ in rows(workerless, sid) if st in states and wid
+                   and f"-{w.pid}-" in wid)  # fmt: skip
 
-    held = wait_until(claimed_by_a, 60, "worker 0 holding more claims than its slots and claim_ahead")
+    held = wait_until(lambda: claimed_by(a, ("CLAIMED", "RUNNING")) > 8 or None, 60,
+                      "worker 0 holding more claims than its slots and claim_ahead")  # fmt: skip
     b = workers.start(1)
+    try:  # with worker 0's slots held by the gate, worker 1 can only run what worker 0 gave back
+        wait_until(lambda: claimed_by(b, ("RUNNING",)) > 0, 120, "worker 1 running a task given back")
+    finally:
+        gate.touch()
     wait_until(lambda: all_succeeded(workerless, sid, len(tasks)), 120, "every task to succeed")
     log = history(workerless, set(ids.values()))
     name_of = {v: k for k, v in ids.items()}

@@ -26,6 +26,7 @@ from faust.types import TP
 from taskstream.connectors import broker
 from taskstream.connectors.faust_patches import (
     ack_processed_only,
+    merge_gaps_locally,
     read_committed_only,
     seek_uncommitted_to_beginning,
     track_heartbeats,
@@ -467,6 +468,7 @@ def run_worker(settings: Settings, index: int) -> None:
     broker.install_client_patches(settings, settings.state_dir / "faust" / f"worker-{index}.member")
     read_committed_only()
     ack_processed_only()
+    merge_gaps_locally()
     seek_uncommitted_to_beginning({settings.topic(t) for t in ("events", "task-inputs", "queue")})
     app = build_app(settings, index)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from faust.transport.consumer import Consumer
 from faust.types import TP
-from taskstream.connectors.faust_patches import ack_processed_only, track_heartbeats
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from taskstream.connectors.faust_patches import ack_processed_only, merge_gaps_locally, track_heartbeats
 from taskstream.streams.worker import InOrderAcks
 
 
@@ -198,3 +200,69 @@ def test_an_answered_heartbeat_is_reported_with_when_it_was_sent_and_a_refused_o
     assert len(heard) == 4
     assert asyncio.run(GroupCoordinator._do_heartbeat(coordinator(25))) is False  # UnknownMemberId
     assert len(heard) == 4
+
+
+def merged_the_old_way(adds: list[tuple[int, int]], committed: int | None) -> set[tuple[int, int]]:
+    """What Faust 0.15.3's own `_add_gap` leaves: each gap added, then the whole tree merged."""
+    from intervaltree import IntervalTree
+
+    tree = IntervalTree()
+    for begin, end in adds:
+        begin = begin if committed is None else max(begin, committed + 1)
+        if begin <= end:
+            tree.addi(begin, end + 1)
+            tree.merge_overlaps()
+    return {(iv.begin, iv.end) for iv in tree}
+
+
+def gaps_consumer(committed: int | None) -> SimpleNamespace:
+    from intervaltree import IntervalTree
+
+    return SimpleNamespace(
+        _committed_offset=defaultdict(lambda: committed),
+        _gap=defaultdict(IntervalTree),
+        _acked=defaultdict(list),
+        _acked_index=defaultdict(set),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    adds=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 12)).map(lambda p: (p[0], p[0] + p[1])), max_size=25),
+    committed=st.none() | st.integers(0, 40),
+)
+def test_a_gap_merged_with_what_it_meets_leaves_the_tree_faust_s_whole_merge_leaves(
+    adds: list[tuple[int, int]], committed: int | None
+) -> None:
+    """Gaps in any order, overlapping, touching or apart, some before the committed offset: the tree is
+    the one Faust's add-then-merge-everything leaves, interval for interval."""
+    merge_gaps_locally()
+    c = gaps_consumer(committed)
+    tp = TP("taskstream.events", 0)
+    for begin, end in adds:
+        asyncio.run(Consumer._add_gap(c, tp, begin, end))  # type: ignore[arg-type]
+    assert {(iv.begin, iv.end) for iv in c._gap[tp]} == merged_the_old_way(adds, committed)
+
+
+def test_offsets_taken_by_transaction_markers_are_committed_past() -> None:
+    """Records at 0, 1, 3, 4 and 7 (the offsets between them: transaction markers), each seen and acked,
+    the gaps added as Faust's fetch loop adds them (a gap runs to the record after it, inclusive): the
+    offsets Faust's commits go to reach 8, past every gap, and no gap is left."""
+    merge_gaps_locally()
+    merge_gaps_locally()  # twice changes nothing
+    c = gaps_consumer(None)
+    tp = TP("taskstream.events", 0)
+    last = None
+    for offset in (0, 1, 3, 4, 7):
+        if last is not None and offset - last > 1:
+            asyncio.run(Consumer._add_gap(c, tp, last + 1, offset))  # type: ignore[arg-type]
+        c._acked[tp].append(offset)
+        c._acked_index[tp].add(offset)
+        last = offset
+    assert {(iv.begin, iv.end) for iv in c._gap[tp]} == {(2, 4), (5, 8)}
+    commits = []
+    while (offset := Consumer._new_offset(c, tp)) is not None:  # type: ignore[arg-type]
+        commits.append(offset)
+        c._committed_offset[tp] = offset  # as Faust records a commit (consumer.py, commit)
+    assert commits[-1] == 8 and commits == sorted(commits)
+    assert not c._gap[tp]

@@ -1,7 +1,8 @@
 """Benchmark: submit -> start latency of ready no-op tasks, open loop, and a 40-task chain's total time.
 
-On a fresh embedded stack: first the maximum rate, from --probe one-task submissions of a no-op
-callable (`os:getpid`) sent back to back (`Client.submit_many`) (tasks/s from the first send to the last success).
+On a fresh embedded stack, after --warm one-task submissions that are not counted: first the maximum
+rate, from --probe one-task submissions of a no-op callable (`os:getpid`) sent back to back
+(`Client.submit_many`) (tasks/s from the first send to the last success).
 Then, at 25, 50 and 75% of it, one-task submissions sent open loop for --seconds each: every send has
 an intended time (start + i / rate), and latency counts from that time, so a sender that falls behind
 shows as latency instead of hiding it. The sender sends every submission due by now in one call
@@ -13,13 +14,17 @@ the event times PostgreSQL keeps are decision times (admission decides at the co
 owner at its input's), so they say nothing of where the time goes. The hops:
   sender: intended send -> the command's log time (the client's produce);
   admission: the command -> the admitter's TasksAdmitted record (consume, decide, produce);
-  owner: TasksAdmitted -> the owner's record of the TaskClaimed (the admission transaction's commit,
+  owner: TasksAdmitted -> the owner's record of the TaskReady (the admission transaction's commit,
     the owner's fetch and Faust's delivery, its batch of decisions);
+  batcher: -> the owner's record of the TaskClaimed: 0 for a task its owner queued and claimed in the
+    step that made it ready (streams/worker.LocalClaims), else the wait for the batcher's round, its
+    Promote through the broker and the claim (`claimed_at_once` says how many were);
   start: that record -> the TaskStarted's event time (the write's round trip, the hand-over, the
     runner starting the call).
 Last, a chain of 40 no-op callables: from its send to the last task's success.
 
-    python bench/latency.py [--engines kafka|fallback|both] [--probe 300] [--seconds 20] [--set NAME=VALUE ...]
+    python bench/latency.py [--engines kafka|fallback|both] [--warm 300] [--probe 300] [--seconds 20]
+                            [--set NAME=VALUE ...]
 
 Writes bench/results/latency-<pair>.json (latency-<pair>-set.json with --set).
 """
@@ -39,7 +44,7 @@ from _stack import add_set_option, embedded_stack, kinds, percentiles_ms, set_se
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 NOOP = {"call": "os:getpid"}
-HOPS = ("sender", "admission", "owner", "start")
+HOPS = ("sender", "admission", "owner", "batcher", "start")
 
 
 def event_ends(s: Any) -> dict[int, int]:
@@ -56,8 +61,9 @@ def event_ends(s: Any) -> dict[int, int]:
 
 
 def record_times(s: Any, codec: Any, since: dict[int, int]) -> dict[str, dict[str, float]]:
-    """Task id -> the log times (s) of the records that carried its TasksAdmitted and its first
-    TaskClaimed, and its first TaskStarted's event time; read from `since` to the end."""
+    """Task id -> the log times (s) of the records that carried its TasksAdmitted, its TaskReady and
+    its first TaskClaimed (and, under "ready@" and "claimed@", the offsets of the last two), and its
+    first TaskStarted's event time; read from `since` to the end."""
     from confluent_kafka import TopicPartition
     from taskstream.connectors.kafka import consumer
     from taskstream.schemas.records import TaskEvents, TasksAdmitted
@@ -87,8 +93,11 @@ def record_times(s: Any, codec: Any, since: dict[int, int]) -> dict[str, dict[st
                 elif type(p) is TaskEvents:
                     for e in p.events:
                         kind = type(e.payload).__name__
-                        if kind == "TaskClaimed":
-                            out.setdefault(e.task_id, {}).setdefault("claimed", at)
+                        if kind in ("TaskReady", "TaskClaimed"):
+                            key = "ready" if kind == "TaskReady" else "claimed"
+                            t = out.setdefault(e.task_id, {})
+                            if key not in t:
+                                t[key], t[f"{key}@"] = at, m.offset()  # the record: one or two
                         elif kind == "TaskStarted":
                             out.setdefault(e.task_id, {}).setdefault("started", e.event_ms / 1000)
     finally:
@@ -128,6 +137,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engines", choices=("kafka", "fallback", "both"), default="kafka")
     ap.add_argument("--probe", type=int, default=300)
+    ap.add_argument("--warm", type=int, default=300, help="one-task submissions run before the probe, not counted")
     ap.add_argument("--seconds", type=float, default=20.0)
     add_set_option(ap)
     args = ap.parse_args()
@@ -141,7 +151,11 @@ def main() -> int:
             conn = psycopg.connect(s.dsn, autocommit=True)
             total = 0
             with Client(s, issuer="bench") as client:
-                # the maximum rate
+                # the maximum rate, once the stack has run a first burst (its first tasks pay for the
+                # JIT and the connections: a maximum from a cold stack varied 108-349/s between runs)
+                client.submit_many(one_task(f"warm{i}") for i in range(args.warm))
+                total += args.warm
+                wait_done(conn, total)
                 t0 = time.time()
                 client.submit_many(one_task(f"probe{i}") for i in range(args.probe))
                 total += args.probe
@@ -178,21 +192,23 @@ def main() -> int:
                         (f"{tag}-%",),
                     ).fetchall()
                     logged = record_times(s, codec, since)
-                    latency, hops = [], {h: [] for h in HOPS}
+                    latency, hops, at_once = [], {h: [] for h in HOPS}, 0
                     for sid, tid, commanded, started in rows:
                         sent = intended[sid]
                         latency.append(float(started) - sent)
                         t = logged.get(tid, {})
-                        if "admitted" in t and "claimed" in t:
-                            points = (sent, float(commanded), t["admitted"], t["claimed"], float(started))
+                        if {"admitted", "ready", "claimed"} <= t.keys():
+                            points = (sent, float(commanded), t["admitted"], t["ready"], t["claimed"], float(started))
                             for h, a, b in zip(HOPS, points, points[1:], strict=False):
                                 hops[h].append(b - a)
+                            at_once += t["claimed@"] == t["ready@"]
                     levels[f"{int(share * 100)}%"] = {
                         "rate_tasks_per_s": round(rate, 2),
                         "tasks": len(rows),
                         "submit_to_start_ms": percentiles_ms(latency),
                         "hop_ms": {h: percentiles_ms(v) for h, v in hops.items() if v},
                         "hop_share_of_median": hop_shares(hops),
+                        "claimed_at_once": at_once,
                     }
                     print(f"{kind} {int(share * 100)}%: {levels[f'{int(share * 100)}%']}", flush=True)
                 # a chain of 40
@@ -215,7 +231,8 @@ def main() -> int:
             "levels": levels,
             "chain_of_40_seconds": round(chain_s, 3),
             "aim": "p50 under 10 ms and p99 under 50 ms at half the maximum rate; the chain under 0.4 s",
-            "how": f"{args.probe} one-task submissions for the maximum; {args.seconds:g} s per level",
+            "how": f"{args.warm} one-task submissions to warm up, {args.probe} for the maximum; "
+            f"{args.seconds:g} s per level",
             "settings": extra,
             "when": when(),
         }

@@ -65,8 +65,9 @@ RECHECK_AFTER_REBALANCE_MS = 3_000  # waiting tasks ask their prerequisites agai
 # The lifecycle takes its inputs in batches of at most this many, gathered for at most this long: one
 # write and one wait per batch (streams/lifecycle.py). Faust gathers only within the window, never while
 # the batch before is decided, so a short window made batches of 1-6 one-task admissions at ~100/s,
-# each a whole write: with 3 ms the worker fell behind at 120 submissions/s where with 10 ms it kept
-# up, at less CPU per task and no worse latency at 60/s (docs/measurements.md, "The lifecycle's window").
+# each a whole write. With 3 ms the worker fell seconds behind at three quarters of its maximum where
+# with 10 ms it kept up, at less CPU per task; the price is ~5 ms more for a task that arrives at an
+# idle worker (docs/measurements.md, "The lifecycle's window").
 LIFECYCLE_BATCH = 2_000
 LIFECYCLE_WITHIN_S = 0.010
 

@@ -39,6 +39,7 @@ from taskstream.schemas.codec import DecodeError
 from taskstream.schemas.records import TimerFired, queued_tasks
 from taskstream.streams.batcher import Batcher, advert
 from taskstream.streams.context import Context
+from taskstream.streams.gather import gathered
 from taskstream.streams.inbox import Inbox
 from taskstream.streams.lanes import LaneReader
 from taskstream.streams.lifecycle import Lifecycle
@@ -62,14 +63,9 @@ log = logging.getLogger(__name__)
 TIMER_RESEND_MS = 5_000
 TIMER_REBUILD_S = 5.0  # how often the timer index is rebuilt from the table (timers of partitions taken over)
 RECHECK_AFTER_REBALANCE_MS = 3_000  # waiting tasks ask their prerequisites again this soon after a rebalance
-# The lifecycle takes its inputs in batches of at most this many, gathered for at most this long: one
-# write and one wait per batch (streams/lifecycle.py). Faust gathers only within the window, never while
-# the batch before is decided, so a short window made batches of 1-6 one-task admissions at ~100/s,
-# each a whole write. With 3 ms the worker fell seconds behind at three quarters of its maximum where
-# with 10 ms it kept up, at less CPU per task; the price is ~5 ms more for a task that arrives at an
-# idle worker (docs/measurements.md, "The lifecycle's window").
+# The lifecycle takes its inputs in batches of at most this many (streams/gather.py): what has arrived
+# when it is free, gathered while it decided the batch before. One write and one wait per batch.
 LIFECYCLE_BATCH = 2_000
-LIFECYCLE_WITHIN_S = 0.010
 
 
 def build_app(settings: Settings, index: int = 0) -> faust.App:
@@ -168,7 +164,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     @app.agent(owned, name="lifecycle")
     async def lifecycle_agent(stream: Any) -> None:
-        async for batch in stream.take_events(LIFECYCLE_BATCH, LIFECYCLE_WITHIN_S):
+        async for batch in gathered(stream, LIFECYCLE_BATCH):
             await decide([_Msg(event) for event in batch])
 
     @app.task

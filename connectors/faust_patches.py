@@ -5,6 +5,8 @@ backoff on noida-db) is in connectors/noida.py."""
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -12,6 +14,8 @@ _MARK = "_taskstream_read_committed"
 _ACK_MARK = "_taskstream_processed_only"
 _SEEK_MARK = "_taskstream_seek_uncommitted"
 _GAP_MARK = "_taskstream_gap_merged_locally"
+_UNWANTED_MARK = "_taskstream_unwanted_left_out"
+_unwanted: weakref.WeakKeyDictionary[Any, Callable[[Any], bool]] = weakref.WeakKeyDictionary()
 
 
 def read_committed_only() -> None:
@@ -145,6 +149,58 @@ def merge_gaps_locally() -> None:
 
     setattr(_add_gap, _GAP_MARK, True)
     Consumer._add_gap = _add_gap  # type: ignore[method-assign]
+
+
+def leave_out(app: Any, unwanted: Callable[[Any], bool]) -> None:
+    """Leave the messages for which `unwanted(message)` holds out of what `app`'s consumer delivers: as
+    if they were offsets it never saw (a transaction's marker is one), so its commits pass them.
+
+    The lifecycle reads the events topic for admissions, and most of what is there is its own writing
+    (a packed TaskEvents record per partition and batch), which it skips by header. Through Faust each
+    of those cost a whole delivery first (the consumer's callback and its flow-control wait, the
+    conductor, the stream, an ack), and each woke the lifecycle for a batch with nothing to decide.
+    Here a fetched message that is unwanted is dropped before all that, and each run of dropped offsets
+    is recorded as one gap (`Consumer._add_gap`), so the committed offset moves past them once a later
+    message is acked. Faust's own gap detection would see them too, but not after a message at offset
+    0 (it takes a read offset of 0 for none). What is left out at a partition's end is committed past
+    only once a later message there is acked: until the next admission, the workers' group shows those
+    few records as lag on the events topic; read again after a restart, they are left out again."""
+    from faust.transport.consumer import Consumer
+
+    _unwanted[app] = unwanted
+    original = Consumer.getmany
+    if getattr(original, _UNWANTED_MARK, False):
+        return
+
+    async def getmany(self: Any, timeout: float) -> Any:
+        unwanted = _unwanted.get(self.app)
+        fetched = original(self, timeout)
+        async for item in fetched if unwanted is None else without(self, fetched, unwanted):
+            yield item
+
+    setattr(getmany, _UNWANTED_MARK, True)
+    Consumer.getmany = getmany  # type: ignore[method-assign]
+
+
+async def without(consumer: Any, fetched: Any, unwanted: Callable[[Any], bool]) -> Any:
+    """The (tp, message) pairs of `fetched` but the unwanted; each run of a partition's offsets left out
+    between two messages delivered is added to `consumer`'s gaps, once, when the run ends (at the next
+    message delivered from that partition, or at the end of the fetch)."""
+    runs: dict[Any, list[int]] = {}  # tp -> [first, last]: the offsets left out since its last delivery
+    async for tp, message in fetched:
+        if unwanted(message):
+            run = runs.get(tp)
+            if run is None:
+                runs[tp] = [message.offset, message.offset]
+            else:
+                run[1] = message.offset
+            continue
+        run = runs.pop(tp, None)
+        if run is not None:
+            await consumer._add_gap(tp, run[0], run[1])
+        yield tp, message
+    for tp, run in runs.items():
+        await consumer._add_gap(tp, run[0], run[1])
 
 
 _HEARTBEAT_MARK = "_taskstream_heartbeats"

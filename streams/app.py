@@ -26,6 +26,7 @@ from faust.types import TP
 from taskstream.connectors import broker
 from taskstream.connectors.faust_patches import (
     ack_processed_only,
+    leave_out,
     merge_gaps_locally,
     read_committed_only,
     seek_uncommitted_to_beginning,
@@ -42,7 +43,7 @@ from taskstream.streams.context import Context
 from taskstream.streams.gather import gathered
 from taskstream.streams.inbox import Inbox
 from taskstream.streams.lanes import LaneReader
-from taskstream.streams.lifecycle import Lifecycle
+from taskstream.streams.lifecycle import Lifecycle, not_for_the_lifecycle
 from taskstream.streams.resources import ResourceManager
 from taskstream.streams.runner import RUNNERS_DIR, Runners
 from taskstream.streams.tenure import Tenure
@@ -93,6 +94,9 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     dead = app.topic(s.topic("dead-letters"), **raw)
     commands = app.topic(s.topic("commands"), **raw)  # written to (schedules), never read here
     owned = app.topic(s.topic("events"), s.topic("task-inputs"), **raw)
+    events_name = s.topic("events")
+    # the lifecycle's own writing on the events topic: dropped before Faust delivers it (see leave_out)
+    leave_out(app, lambda m: m.topic == events_name and not_for_the_lifecycle(m.headers))
     tasks = app.Table("tasks", default=None, partitions=s.partitions, key_type=bytes, value_type=bytes)
     timers = app.Table("timers", default=None, partitions=s.partitions, key_type=bytes, value_type=bytes)
 

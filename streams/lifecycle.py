@@ -46,6 +46,18 @@ ADMISSION_EVENTS = (e.TaskSubmitted, e.TaskAdmitted, e.TaskRejected)
 # The events this agent acts on, by their header: it reads the events topic for admissions, and most of
 # what is there is its own writing (five events per task run), not worth decoding again.
 ADMISSION_KINDS = frozenset({b"TasksAdmitted", *(k.__name__.encode() for k in ADMISSION_EVENTS)})
+
+
+def not_for_the_lifecycle(headers: Any) -> bool:
+    """Whether a record of the events topic with these headers (pairs of name and value) is one the
+    lifecycle skips: its kind is named and is not an admission's (a record without the header might be
+    anything, and is decoded)."""
+    for name, value in headers or ():
+        if name == EVENT_HEADER:
+            return value not in ADMISSION_KINDS
+    return False
+
+
 LEASED = (Status.CLAIMED, Status.RUNNING)  # the statuses in which a claim's lease runs
 
 
@@ -255,9 +267,8 @@ class Lifecycle:
             await self._on_input(message)
 
     async def _on_event(self, message: Any) -> None:
-        kind = getattr(message, "headers", {}).get(EVENT_HEADER)
-        if kind is not None and kind not in ADMISSION_KINDS:
-            return  # no header: an older writer; decode to be sure
+        if not_for_the_lifecycle(getattr(message, "headers", {}).items()):
+            return  # its own writing, mostly, when not left out before delivery (streams/app.py)
         try:
             rec = self.ctx.codec.decode("event", message.value)
         except DecodeError as err:

@@ -266,3 +266,66 @@ def test_offsets_taken_by_transaction_markers_are_committed_past() -> None:
         c._committed_offset[tp] = offset  # as Faust records a commit (consumer.py, commit)
     assert commits[-1] == 8 and commits == sorted(commits)
     assert not c._gap[tp]
+
+
+def test_what_is_left_out_before_delivery_is_committed_past_from_offset_0_on() -> None:
+    """A partition's records at 0 (wanted), 2-4 (unwanted), 5 (wanted), 6-7 (unwanted) and, in a later
+    fetch, 8 (wanted); 1 is a transaction's marker, never fetched. Only 0, 5 and 8 are delivered, and
+    once each is acked the commits pass what was left out, the run after offset 0 included (Faust's own
+    fetch loop takes a read offset of 0 for none, and records no gap after it); the run at the end of
+    a fetch is passed once a later message is acked."""
+    from taskstream.connectors.faust_patches import without
+
+    merge_gaps_locally()
+    c = gaps_consumer(None)
+    c._add_gap = lambda tp, begin, end: Consumer._add_gap(c, tp, begin, end)  # type: ignore[arg-type]
+    tp = TP("taskstream.events", 0)
+
+    async def fetch(offsets: list[int]) -> Any:
+        for offset in offsets:
+            yield tp, SimpleNamespace(offset=offset, wanted=offset in (0, 5, 8))
+
+    async def deliver(offsets: list[int]) -> list[int]:
+        return [m.offset async for _, m in without(c, fetch(offsets), lambda m: not m.wanted)]
+
+    def ack_and_commit(offset: int) -> int | None:
+        c._acked[tp].append(offset)
+        c._acked_index[tp].add(offset)
+        committed = None
+        while (new := Consumer._new_offset(c, tp)) is not None:  # type: ignore[arg-type]
+            committed = c._committed_offset[tp] = new  # as Faust records a commit
+        return committed
+
+    assert asyncio.run(deliver([0, 2, 3, 4, 5, 6, 7])) == [0, 5]
+    assert ack_and_commit(0) == 1
+    assert ack_and_commit(5) == 6, "the commit passes the marker and the run left out after offset 0"
+    assert c._committed_offset[tp] == 6, "6 and 7, left out at the end of the fetch, wait for a later ack"
+    assert asyncio.run(deliver([8])) == [8]
+    assert ack_and_commit(8) == 9
+    assert not c._gap[tp]
+
+
+def test_a_worker_leaves_out_its_lifecycle_s_own_writing_on_the_events_topic_and_nothing_else(tmp_path: Any) -> None:
+    """What the worker's app registers with leave_out (streams/app.py): a packed or single event of a
+    kind the lifecycle does not act on, on the events topic; never an admission, never a record without
+    the kind header, never a record of another topic."""
+    from taskstream.connectors.faust_patches import _unwanted
+    from taskstream.streams.app import build_app
+
+    from taskstream.settings import Settings
+
+    s = Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:9")
+    app = build_app(s)
+    unwanted = _unwanted[app]
+    events, inputs = s.topic("events"), s.topic("task-inputs")
+
+    def record(topic: str, *headers: tuple[str, bytes]) -> SimpleNamespace:
+        return SimpleNamespace(topic=topic, headers=list(headers))
+
+    kind = "taskstream.event"
+    assert unwanted(record(events, (kind, b"TaskEvents"), ("taskstream.kinds", b"TaskClaimed,TaskReady")))
+    assert unwanted(record(events, (kind, b"TaskSucceeded")))
+    assert not unwanted(record(events, (kind, b"TasksAdmitted")))
+    assert not unwanted(record(events, (kind, b"TaskSubmitted")))
+    assert not unwanted(record(events)), "without the header it might be anything: delivered, decoded"
+    assert not unwanted(record(inputs, (kind, b"TaskEvents")))

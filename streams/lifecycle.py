@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 NOT_ADMITTED = "NOT_ADMITTED"  # outcome sent to dependents of a task that was never admitted in time
 ADMISSION_EVENTS = (e.TaskSubmitted, e.TaskAdmitted, e.TaskRejected)
 # The events this agent acts on, by their header: it reads the events topic for admissions, and most of
-# what is there is its own writing (five events per task run), not worth decoding again.
+# what is there is its own writing (a packed TaskEvents per partition and batch), not worth decoding
+# again; the worker drops that before Faust delivers it (not_for_the_lifecycle, streams/app.py).
 ADMISSION_KINDS = frozenset({b"TasksAdmitted", *(k.__name__.encode() for k in ADMISSION_EVENTS)})
 
 

@@ -369,9 +369,10 @@ class LocalClaims:
     def ready_lane(self, spec: TaskSpec) -> str | None:
         """For a task that just became ready: the lane to queue it in at once, and claim it for this
         worker, if the batcher's gate lets it past (open: nothing ready waits for room; its tenant has
-        no cap; every live worker of the lane fits it) and this worker has a slot free for it (not
-        only room to claim ahead: tasks that become ready together skip the batcher's ranking only as
-        far as they start at once). None: it waits READY for the batcher's next round."""
+        no cap; every live worker of the lane fits it) and this worker holds fewer claims than its
+        slots and claim_ahead (`budget`), even while alone on the lane (not the batcher's margin):
+        tasks that become ready together skip the batcher's ranking only as far as a worker commits
+        to tasks from the queue anyway. None: it waits READY for the batcher's next round."""
         g = self.gate()
         if g is None:
             return None
@@ -379,7 +380,7 @@ class LocalClaims:
         need = Candidate("", spec.tenant, res.cpu, res.memory_mb, res.gpu, res.labels)
         lanes = sorted(self.lanes(), key=lambda x: (x != DEFAULT_LANE, x))
         lane = g.lane_for(spec.tenant, need, lanes)
-        return lane if lane is not None and self._room(lane, spec, self.capacity.slots) else None
+        return lane if lane is not None and self._room(lane, spec, self.budget) else None
 
     def _room(self, lane: str, spec: TaskSpec, most: int | None = None) -> bool:
         """Whether this worker may hold one more claim in `lane`: within its budget (or `most`)."""

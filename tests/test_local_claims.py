@@ -159,13 +159,17 @@ def spec(tenant: str = "acme", **need: Any) -> TaskSpec:
     return TaskSpec("t", tenant, ("true",), resources=Resources(**need))
 
 
-def test_a_ready_task_gets_a_lane_at_once_only_with_an_open_gate_its_tenant_uncapped_and_a_slot_free_here() -> None:
+def test_a_ready_task_gets_a_lane_at_once_only_with_an_open_gate_its_tenant_uncapped_and_room_here() -> None:
     async def go() -> None:
         cap = Capacity(slots=1, cpus=2.0, memory_mb=1024, gpus=0)
         ex = _Executor()
         ex.waiter.ready.set()
         said: list[Any] = [None]
-        local = LocalClaims("w1", cap, 2, lambda: {"big", "default"}, lambda: ex, gate=lambda: said[0])
+        peers = [1]
+        local = LocalClaims(
+            "w1", cap, 2, lambda: {"big", "default"}, lambda: ex, alone_budget=5, peers=lambda _lane: peers[0],
+            gate=lambda: said[0],
+        )  # fmt: skip
         assert local.ready_lane(spec()) is None  # no gate heard (yet, or from a batcher gone since)
         offers = [offer("w1", 2.0, ("default", "big")), offer("w2", 1.0)]
         said[0] = gate(offers, k=6, chosen=6, uncapped=["acme"])
@@ -176,8 +180,13 @@ def test_a_ready_task_gets_a_lane_at_once_only_with_an_open_gate_its_tenant_unca
         assert local.ready_lane(spec(cpu=2.0)) == "big"  # w2 reads the default lane and could not run it
         assert local.ready_lane(spec(cpu=4.0)) is None  # could run nowhere
         assert local.reserve(queued("a"))
-        assert local.ready_lane(spec()) is None  # its one slot is taken: it waits for the round ...
-        assert local.reserve(queued("b"))  # ... though a promoted one may still be claimed ahead here
+        assert local.ready_lane(spec()) == "default"  # its one slot is taken, one more may be claimed ahead
+        assert local.reserve(queued("b"))
+        assert local.ready_lane(spec()) is None  # slots + claim_ahead held: it waits for the round
+        assert local.reserve(queued("c")) is None  # as a promoted one would, another worker reading the lane
+        peers[0] = 0
+        assert local.reserve(queued("c"))  # alone on the lane a promoted one is claimed further ahead ...
+        assert local.ready_lane(spec()) is None  # ... one just ready never past slots + claim_ahead
 
     asyncio.run(go())
 

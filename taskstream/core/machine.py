@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import singledispatch
+from typing import Any
 
 from taskstream.core import commands as c
 from taskstream.core import events as e
@@ -204,112 +205,112 @@ def _finish(
 
 
 @singledispatch
-def _apply(event: object, state: TaskState) -> TaskState:
+def _changes(event: object, state: TaskState) -> dict[str, Any]:
+    """The fields an event changes (evolve applies them in one copy, with the version)."""
     raise TypeError(f"unknown event {event!r}")
 
 
-@_apply.register
-def _(ev: e.TaskSubmitted, s: TaskState) -> TaskState:
-    return replace(s, status=S.SUBMITTED, spec=ev.spec, submission_id=ev.submission_id, priority=ev.spec.priority)
+@_changes.register
+def _(ev: e.TaskSubmitted, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.SUBMITTED, spec=ev.spec, submission_id=ev.submission_id, priority=ev.spec.priority)
 
 
-@_apply.register
-def _(ev: e.TaskAdmitted, s: TaskState) -> TaskState:
-    return replace(s, status=S.WAITING, reason="")
+@_changes.register
+def _(ev: e.TaskAdmitted, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.WAITING, reason="")
 
 
-@_apply.register
-def _(ev: e.TaskRejected, s: TaskState) -> TaskState:
-    return replace(s, status=S.REJECTED, reason=ev.reason)
+@_changes.register
+def _(ev: e.TaskRejected, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.REJECTED, reason=ev.reason)
 
 
-@_apply.register
-def _(ev: e.TaskReady, s: TaskState) -> TaskState:
-    return replace(s, status=S.READY, reason=ev.reason, claim=None, retry_due_ms=None)
+@_changes.register
+def _(ev: e.TaskReady, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.READY, reason=ev.reason, claim=None, retry_due_ms=None)
 
 
-@_apply.register
-def _(ev: e.TaskQueued, s: TaskState) -> TaskState:
-    return replace(s, status=S.QUEUED, attempt=ev.attempt, lane=ev.lane)
+@_changes.register
+def _(ev: e.TaskQueued, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.QUEUED, attempt=ev.attempt, lane=ev.lane)
 
 
-@_apply.register
-def _(ev: e.TaskClaimed, s: TaskState) -> TaskState:
-    return replace(s, status=S.CLAIMED, claim=Claim(ev.attempt, ev.worker, ev.claim_id))
+@_changes.register
+def _(ev: e.TaskClaimed, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.CLAIMED, claim=Claim(ev.attempt, ev.worker, ev.claim_id))
 
 
-@_apply.register
-def _(ev: e.TaskStarted, s: TaskState) -> TaskState:
-    return replace(s, status=S.RUNNING)
+@_changes.register
+def _(ev: e.TaskStarted, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.RUNNING)
 
 
-@_apply.register
-def _(ev: e.TaskSucceeded, s: TaskState) -> TaskState:
-    return replace(s, status=S.SUCCEEDED, exit_code=ev.exit_code, reason="")
+@_changes.register
+def _(ev: e.TaskSucceeded, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.SUCCEEDED, exit_code=ev.exit_code, reason="")
 
 
-@_apply.register
-def _(ev: e.TaskFailed, s: TaskState) -> TaskState:
+@_changes.register
+def _(ev: e.TaskFailed, s: TaskState) -> dict[str, Any]:
     if s.status is S.CANCELLED:  # the cancelled run's end: the task stays cancelled, for the same reason
-        return replace(s, exit_code=ev.exit_code, cancelled_claim=None)
-    return replace(s, exit_code=ev.exit_code, reason=ev.reason)
+        return dict(exit_code=ev.exit_code, cancelled_claim=None)
+    return dict(exit_code=ev.exit_code, reason=ev.reason)
 
 
-@_apply.register
-def _(ev: e.TaskRetryScheduled, s: TaskState) -> TaskState:
-    return replace(s, status=S.RETRY_WAIT, retry_due_ms=ev.due_ms, claim=None)
+@_changes.register
+def _(ev: e.TaskRetryScheduled, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.RETRY_WAIT, retry_due_ms=ev.due_ms, claim=None)
 
 
-@_apply.register
-def _(ev: e.TaskDeadLettered, s: TaskState) -> TaskState:
-    return replace(s, status=S.DEAD_LETTERED, reason=ev.reason, claim=None)
+@_changes.register
+def _(ev: e.TaskDeadLettered, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.DEAD_LETTERED, reason=ev.reason, claim=None)
 
 
-@_apply.register
-def _(ev: e.TaskCancelled, s: TaskState) -> TaskState:
+@_changes.register
+def _(ev: e.TaskCancelled, s: TaskState) -> dict[str, Any]:
     running = s.claim.claim_id if s.claim is not None and s.status in (S.CLAIMED, S.RUNNING) else None
-    return replace(s, status=S.CANCELLED, reason=ev.reason, claim=None, cancelled_claim=running)
+    return dict(status=S.CANCELLED, reason=ev.reason, claim=None, cancelled_claim=running)
 
 
-@_apply.register
-def _(ev: e.TaskReprioritized, s: TaskState) -> TaskState:
-    return replace(s, priority=ev.new_priority)
+@_changes.register
+def _(ev: e.TaskReprioritized, s: TaskState) -> dict[str, Any]:
+    return dict(priority=ev.new_priority)
 
 
-@_apply.register
-def _(ev: e.TaskLeaseExpired, s: TaskState) -> TaskState:
+@_changes.register
+def _(ev: e.TaskLeaseExpired, s: TaskState) -> dict[str, Any]:
     fenced = (*s.fenced_claims, ev.claim_id)[-FENCED_KEPT:]
-    return replace(s, claim=None, fenced_claims=fenced, lease_expiries=s.lease_expiries + 1, reason=ev.reason)
+    return dict(claim=None, fenced_claims=fenced, lease_expiries=s.lease_expiries + 1, reason=ev.reason)
 
 
-@_apply.register
-def _(ev: e.TaskReleased, s: TaskState) -> TaskState:
-    return replace(s, claim=None, fenced_claims=(*s.fenced_claims, ev.claim_id)[-FENCED_KEPT:], reason=ev.reason)
+@_changes.register
+def _(ev: e.TaskReleased, s: TaskState) -> dict[str, Any]:
+    return dict(claim=None, fenced_claims=(*s.fenced_claims, ev.claim_id)[-FENCED_KEPT:], reason=ev.reason)
 
 
-@_apply.register
-def _(ev: e.TaskLimitExceeded, s: TaskState) -> TaskState:
-    return replace(s, limited_claim=ev.claim_id)
+@_changes.register
+def _(ev: e.TaskLimitExceeded, s: TaskState) -> dict[str, Any]:
+    return dict(limited_claim=ev.claim_id)
 
 
-@_apply.register
-def _(ev: e.TaskUnqueued, s: TaskState) -> TaskState:
-    return replace(s, status=S.READY, attempt=ev.attempt - 1, reason=ev.reason)
+@_changes.register
+def _(ev: e.TaskUnqueued, s: TaskState) -> dict[str, Any]:
+    return dict(status=S.READY, attempt=ev.attempt - 1, reason=ev.reason)
 
 
-@_apply.register(e.TaskTimedOut)
-@_apply.register(e.TaskHeartbeat)
-@_apply.register(e.ClaimRejected)
-@_apply.register(e.CompletionRejected)
-def _(ev: object, s: TaskState) -> TaskState:
+@_changes.register(e.TaskTimedOut)
+@_changes.register(e.TaskHeartbeat)
+@_changes.register(e.ClaimRejected)
+@_changes.register(e.CompletionRejected)
+def _(ev: object, s: TaskState) -> dict[str, Any]:
     # Recorded for auditors; the consequence (failure, retry) arrives as its own event.
-    return s
+    return {}
 
 
 def evolve(state: TaskState, event: e.Event, at_ms: int = 0) -> TaskState:
     """Fold one event into the state. Every event, recorded refusals included, advances the version."""
-    new = _apply(event, state)
-    return replace(new, version=state.version + 1, updated_ms=max(state.updated_ms, at_ms))
+    return replace(state, **_changes(event, state), version=state.version + 1, updated_ms=max(state.updated_ms, at_ms))
 
 
 def fold(task_id: str, history: list[e.Event]) -> TaskState:

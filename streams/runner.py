@@ -91,9 +91,19 @@ class Runner:
             self.output.unlink()
 
     async def call(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.send(request)
+        return await self.answer()
+
+    def send(self, request: dict[str, Any]) -> None:
+        """Write one call's request, now (the runner takes one call at a time, so its pipe holds at most
+        this request: nothing to wait for but the answer). A runner that has gone answers nothing:
+        `answer` says so."""
+        assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-        await self.proc.stdin.drain()
+
+    async def answer(self) -> dict[str, Any]:
+        """The answer to the request sent last."""
+        assert self.proc.stdout is not None
         line = await self.proc.stdout.readline()
         if not line:
             await self.proc.wait()

@@ -713,8 +713,9 @@ class Executor:
         ticket = self.capacity.join(qt.spec.resources)  # its place in line, kept across the checks
         try:
             while True:
-                try:
-                    await asyncio.wait_for(self.capacity.take(qt.spec.resources, ticket), GIVE_BACK_CHECK_S)
+                try:  # (a timeout, not wait_for: no task of its own, so a woken claim resumes one turn sooner)
+                    async with asyncio.timeout(GIVE_BACK_CHECK_S):
+                        await self.capacity.take(qt.spec.resources, ticket)
                     return True
                 except TimeoutError:
                     if self.excess(qt.lane):
@@ -784,6 +785,8 @@ class Executor:
                 self.keeper.forget(run.pid)
             ended()
 
+        if isinstance(run, _CallRun):  # answered: its slot is free as the answer comes, not turns of the loop later
+            run.answer.add_done_callback(lambda answer: gone() if _answered(answer) else None)
         try:
             await self._supervise(qt, claim_id, run, started, cancelled, gone)
         finally:
@@ -964,7 +967,8 @@ class _CallRun:
             "limit": limit,
         }
         runner = await runners.acquire()
-        return cls(runners, runner, asyncio.create_task(runner.call(request)), keep, limit)
+        runner.send(request)  # in this step: the runner starts without waiting for a turn of the loop
+        return cls(runners, runner, asyncio.create_task(runner.answer()), keep, limit)
 
     async def wait(self) -> None:
         with contextlib.suppress(CallFailed):
@@ -996,6 +1000,11 @@ class _CallRun:
         if not self.runner.alive:  # what its stopped call left is the attempt's
             self.runner.keep_scratch(self.keep)
         self.runners.release(self.runner)
+
+
+def _answered(answer: asyncio.Future[Any]) -> bool:
+    """Whether a call answered (a call that failed keeps its runner until its output is read)."""
+    return not answer.cancelled() and answer.exception() is None
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:

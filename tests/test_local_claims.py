@@ -6,6 +6,7 @@ taskstream/core/batcher.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from taskstream.streams.worker import Capacity, ClaimWaiter, Executor, LocalClai
 
 from taskstream.core import events as e
 from taskstream.core.batcher import Candidate, Gate, Offer, floors, gate
-from taskstream.core.model import Resources, TaskSpec
+from taskstream.core.model import Call, Resources, TaskSpec
 from taskstream.settings import Settings
 
 
@@ -241,10 +242,14 @@ def test_a_run_that_ends_leaves_the_watch_of_the_next_run_of_its_task_alone() ->
     asyncio.run(go())
 
 
-def test_a_run_gives_its_claim_and_slot_back_once_it_has_ended_while_its_report_is_on_its_way(tmp_path: Path) -> None:
-    """A real process runs; its finish report is held (the lifecycle busy with another batch). The slot
-    and the claim are free meanwhile, so the worker can take its next task; the heartbeats go on until
-    the report is durable (the lease covers the report on its way)."""
+@pytest.mark.parametrize("kind", ["argv", "call"])
+def test_a_run_gives_its_claim_and_slot_back_once_it_has_ended_while_its_report_is_on_its_way(
+    tmp_path: Path, kind: str
+) -> None:
+    """A real process runs (a program, or a call in a runner, whose answer frees the slot at once); its
+    finish report is held (the lifecycle busy with another batch). The slot and the claim are free
+    meanwhile, so the worker can take its next task; the heartbeats go on until the report is durable
+    (the lease covers the report on its way)."""
 
     class Held:
         def __init__(self) -> None:
@@ -253,7 +258,11 @@ def test_a_run_gives_its_claim_and_slot_back_once_it_has_ended_while_its_report_
 
         async def send(self, rec: Any) -> None:
             self.sent.append(rec)
-            await self.durable.wait()
+            if type(rec.body) is r.FinishReport:  # a start report, sent alone if the run took over 50 ms, is not held
+                await self.durable.wait()
+
+        def finishes(self) -> list[Any]:
+            return [rec for rec in self.sent if type(rec.body) is r.FinishReport]
 
     async def go() -> None:
         ctx = SimpleNamespace(
@@ -267,20 +276,23 @@ def test_a_run_gives_its_claim_and_slot_back_once_it_has_ended_while_its_report_
         reports = Held()
         ex = Executor(ctx, "w1", ClaimWaiter(ctx, "w1"), capacity=cap, reports=reports, heartbeats=beats)
         qt = queued("t1")
+        if kind == "call":
+            qt = dataclasses.replace(qt, spec=dataclasses.replace(qt.spec, call=Call("os:getpid", "[]", "{}")))
         cap.claims += 1  # as the caller counts a won claim
         held = asyncio.ensure_future(ex.hold(qt, "c1", ex.waiter.watch("t1")))
-        for _ in range(500):
-            if reports.sent:
+        for _ in range(1000):
+            if reports.finishes():
                 break
             await asyncio.sleep(0.01)
-        assert [type(rec.body) for rec in reports.sent] == [r.FinishReport]
-        assert reports.sent[0].body.exit_code == 0
+        assert len(reports.finishes()) == 1 and reports.finishes()[0].body.exit_code == 0
         assert cap.used[0] == 0 and cap.claims == 0 and cap.try_take(qt.spec.resources)  # free for the next
         cap.give(qt.spec.resources)
         assert beating == {"c1"} and not held.done()  # the lease runs on while the report is on its way
         reports.durable.set()
         await held
         assert beating == set() and cap.used[0] == 0 and cap.claims == 0  # given back once, not twice
+        assert len(ex.runners.idle) == (kind == "call")  # its runner back for the next call, not a new one
+        await ex.runners.close()
 
     asyncio.run(go())
 

@@ -514,6 +514,8 @@ class Capacity:
         self.leave(ticket)
 
     def _first_fitting(self) -> object | None:
+        if self.used[0] >= self.slots:  # nothing fits without a slot: not a walk of the whole line
+            return None
         return next((t for t, (need, _) in self.line.items() if self._fits(need)), None)
 
     def _use(self, res: Any) -> None:

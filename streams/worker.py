@@ -774,18 +774,21 @@ class Executor:
             self.keeper.watch(run.pid)
         res = spec.resources
         self.capacity.running[claim_id] = _Running(qt.task_id, run.pid, started, spec.execution_cap_ms, res.memory_mb)
-        over = False
+        ended_at: list[int] = []
 
-        def gone() -> None:  # once, as soon as the run has ended (before its report is durable)
-            nonlocal over
-            if over:
-                return
-            over = True
+        def gone() -> int:
+            """Once, as soon as the run has ended (before its report is durable): its slot given back, and
+            the time it ended, for its finish report (stamped before the slot is free, so no task that
+            takes the slot is seen in the log to start before this one ended)."""
+            if ended_at:
+                return ended_at[0]
+            ended_at.append(self.ctx.now_ms())
             self.capacity.running.pop(claim_id, None)
             run.cleanup()  # nothing the task started outlives it
             if self.keeper is not None and isinstance(run, _ProgramRun):
                 self.keeper.forget(run.pid)
             ended()
+            return ended_at[0]
 
         if isinstance(run, _CallRun):  # answered: its slot is free as the answer comes, not turns of the loop later
             run.answer.add_done_callback(lambda answer: gone() if _answered(answer) else None)
@@ -801,7 +804,7 @@ class Executor:
         run: _ProgramRun | _CallRun,
         started: float,
         cancelled: Any,
-        gone: Callable[[], None],
+        gone: Callable[[], int],
     ) -> None:
         spec = qt.spec
         grace = self.ctx.settings.kill_grace_ms / 1000
@@ -823,12 +826,12 @@ class Executor:
                 raise
         code, why, tail = await run.result()
         duration = int((time.monotonic() - started) * 1000)
-        gone()  # its slot is free while the report is on its way
+        at = gone()  # its slot is free while the report is on its way
         if reason and code == 0:
             code = -signal.SIGTERM
         await self._report(
             qt.task_id,
-            self.ctx.now_ms(),
+            at,
             r.FinishReport(claim_id, code, tail, duration, reason or why),
             f"{claim_id}:finish",
             await start.take(),

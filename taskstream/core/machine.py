@@ -6,7 +6,8 @@ mutates; `evolve` is the only place state changes, and replaying the log through
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import operator
+from dataclasses import dataclass, fields
 from functools import singledispatch
 from typing import Any
 
@@ -308,9 +309,23 @@ def _(ev: object, s: TaskState) -> dict[str, Any]:
     return {}
 
 
+# A state's fields in order, read in one call: a new state is built from them positionally. This is
+# dataclasses.replace without its walk over the fields' definitions on every call (a third of the cost
+# of an evolve, and every agent folds ~7 events per task).
+_FIELDS = tuple(f.name for f in fields(TaskState))
+_AT = {name: i for i, name in enumerate(_FIELDS)}
+_VALUES = operator.attrgetter(*_FIELDS)
+_VERSION, _UPDATED = _AT["version"], _AT["updated_ms"]
+
+
 def evolve(state: TaskState, event: e.Event, at_ms: int = 0) -> TaskState:
     """Fold one event into the state. Every event, recorded refusals included, advances the version."""
-    return replace(state, **_changes(event, state), version=state.version + 1, updated_ms=max(state.updated_ms, at_ms))
+    values = list(_VALUES(state))
+    for name, value in _changes(event, state).items():
+        values[_AT[name]] = value
+    values[_VERSION] = state.version + 1
+    values[_UPDATED] = max(state.updated_ms, at_ms)
+    return TaskState(*values)
 
 
 def fold(task_id: str, history: list[e.Event]) -> TaskState:

@@ -116,10 +116,12 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         """Whether the partition of message `m` (consumed, or handed over in-process) is this worker's."""
         return TP(m.topic, m.partition) in app.consumer.assignment()
 
-    def held(partition: int) -> bool:
-        """Whether an input to a task of `partition` may be handed to this worker's lifecycle in-process:
-        the partition is this worker's and no rebalance is under way (its state may be recovering)."""
-        return not app.rebalancing and TP(inputs_topic, partition) in app.consumer.assignment()
+    def held() -> frozenset[int]:
+        """The partitions of task-inputs whose inputs may be handed to this worker's lifecycle in-process:
+        this worker's, while no rebalance is under way (their state may be recovering)."""
+        if app.rebalancing:
+            return frozenset()
+        return frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == inputs_topic)
 
     inputs_topic = s.topic("task-inputs")
     inbox_holder: dict[str, Inbox] = {}

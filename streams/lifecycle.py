@@ -214,13 +214,12 @@ class Lifecycle:
         worker, and changes nothing when it arrives (`_input`)."""
         if self.inbox is None:
             return []
-        out = []
-        for topic, _key, rec in sends[start:]:
-            if topic is self.ctx.inputs and type(rec) is r.InputRecord and type(rec.body) in ECHOED:
-                local = self.inbox.local(rec, logged=True)
-                if local is not None:
-                    out.append(local)
-        return out
+        echoed = [
+            rec
+            for topic, _key, rec in sends[start:]
+            if topic is self.ctx.inputs and type(rec) is r.InputRecord and type(rec.body) in ECHOED
+        ]
+        return [local for local in self.inbox.local(echoed, logged=True) if local is not None] if echoed else []
 
     async def reroute(self, messages: list[Any]) -> None:
         """Inputs handed over in-process and never written whose partition was given away before they

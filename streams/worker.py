@@ -133,8 +133,7 @@ class Reports:
         waiting, self.waiting = self.waiting, []
         if self.inbox is not None:  # to this worker's own lifecycle in-process, where it owns the task
             remote = []
-            for rec, fut in waiting:
-                local = self.inbox.local(rec)
+            for (rec, fut), local in zip(waiting, self.inbox.local(rec for rec, _ in waiting), strict=True):
                 if local is None:
                     remote.append((rec, fut))
                 else:

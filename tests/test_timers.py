@@ -446,7 +446,7 @@ def test_a_finish_handed_over_in_process_ends_the_task_and_its_dependent_hears_i
     sent: list[Any] = []
     lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (tid, version, ev))
     lc.tasks, lc.timers = _Tables(sent), _Tables(sent)
-    lc.inbox = Inbox("inputs", lambda _task: 0, lambda _partition: True, None)
+    lc.inbox = Inbox("inputs", lambda _task: 0, lambda: {0}, None)
     first = TaskSpec("a", "acme", ("true",))
     then = TaskSpec("b", "acme", ("true",), dependencies=("t1",))
     claim = Claim(1, "w", "c1")
@@ -483,9 +483,9 @@ def test_the_inbox_gives_what_arrived_in_order_once_and_its_wait_ends_only_when_
     from taskstream.streams.inbox import Inbox
 
     async def scenario() -> None:
-        box = Inbox("inputs", lambda task: int(task[1:]) % 2, lambda partition: partition == 0, None)
+        box = Inbox("inputs", lambda task: int(task[1:]) % 2, lambda: {0}, None)
         records = [r.InputRecord(f"i{n}", f"t{n}", n, "w", r.Heartbeat("c")) for n in range(4)]
-        local = [box.local(rec) for rec in records]
+        local = box.local(records)
         assert [x is not None for x in local] == [True, False, True, False], "only partition 0 is held here"
         futures = [box.put(x) for x in local if x is not None]
         await asyncio.wait_for(box.wait(), 1)

@@ -650,10 +650,17 @@ class Lifecycle:
         self.index.note(key, int(timer["due"]))
 
     def _clear_timer(self, key: bytes) -> None:
+        """Clear the task's timer. A timer never saved has nothing to clear: a tombstone for it would be a
+        changelog record and a store write for nothing (a task made ready at once clears the timer it
+        never had), and one set earlier in this batch is just not written."""
+        saved = self.timers.read(self._partition(), key) is not None
         if self._batch is not None:
-            self._batch.timers[key] = None
-            self._batch.source[key] = self._partition()
-        else:
+            if saved:
+                self._batch.timers[key] = None
+                self._batch.source[key] = self._partition()
+            else:
+                self._batch.timers.pop(key, None)
+        elif saved:
             self.timers.write(self._partition(), {key: None})
 
     def _save(self, record: TaskRecord, timer: Any) -> None:

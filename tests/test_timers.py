@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from taskstream.connectors.table_state import MemoryState
 from taskstream.schemas import records as r
-from taskstream.streams.lifecycle import Lifecycle
+from taskstream.streams.lifecycle import Lifecycle, _Batch
 from taskstream.streams.state_codec import TaskRecord, dumps, loads
 from taskstream.streams.timers import TimerIndex
 
@@ -473,6 +473,56 @@ def test_a_finish_handed_over_in_process_ends_the_task_and_its_dependent_hears_i
     assert sent[1] == [], "nothing decided"
     assert lc.tasks.writes == [], "nothing saved"
     assert loads(lc.tasks[b"t2"]).state.status is Status.READY
+
+
+class _Changelogged(MemoryState):
+    """A table whose changelog records are kept, as a Faust table's would be produced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[bytes, bytes | None]] = []
+
+    def changelog(self, partition: int, items: Any) -> list[Any]:
+        self.records.extend(items.items())
+        return []
+
+
+def test_a_timer_is_cleared_in_the_changelog_only_where_one_was_saved() -> None:
+    """A task that ends clears its lease timer (a tombstone in the timers' changelog); its dependent,
+    made ready in the same batch, had no timer, and clearing it writes nothing: a tombstone for a timer
+    never saved was a changelog record and a store write per task for nothing. A timer set and cleared
+    within one batch is not written at all."""
+    import asyncio
+
+    from taskstream.streams.inbox import Inbox, LocalInput
+
+    sent: list[Any] = []
+    lc = batching_lifecycle(sent, lambda tid, sid, version, at, ev: (tid, version, ev))
+    lc.timers = _Changelogged()
+    lc.inbox = Inbox("inputs", lambda _task: 0, lambda: {0}, None)
+    running = TaskState(
+        "t1", Status.RUNNING, 6, TaskSpec("a", "acme", ("true",)), "s", attempt=1, claim=Claim(1, "w", "c1")
+    )
+    then = TaskSpec("b", "acme", ("true",), dependencies=("t1",))
+    lc.tasks.write(0, {b"t1": dumps(TaskRecord(running, dependents=["t2"]))})
+    lc.tasks.write(0, {b"t2": dumps(TaskRecord(TaskState("t2", Status.WAITING, 2, then, "s")))})
+    lease = b'{"due":1,"purpose":"lease"}'
+    lc.timers.write(0, {b"t1": lease})
+
+    async def guard(_message: Any, handling: Any) -> None:
+        await handling
+
+    finish = r.InputRecord("f1", "t1", 200, "w", r.FinishReport("c1", 0, "ok", 5, ""))
+    asyncio.run(lc.on_batch([LocalInput(finish, "inputs", 0)], "events", guard))
+    assert loads(lc.tasks[b"t2"]).state.status is Status.READY, "the dependent was made ready in the batch"
+    assert lc.timers.records == [(b"t1", None)], "one tombstone: the ended task's lease timer"
+    assert lc.timers.read(0, b"t1") is None and lc.timers.read(0, b"t2") is None
+
+    lc.timers.records.clear()
+    lc._batch = _Batch()
+    lc._set_timer("t3", {"due": 5, "purpose": "requeue"})
+    lc._clear_timer(b"t3")
+    assert lc._batch.timers == {} and lc._timer(b"t3") is None, "set and cleared in one batch: nothing to write"
 
 
 def test_the_inbox_gives_what_arrived_in_order_once_and_its_wait_ends_only_when_something_is_undrained() -> None:

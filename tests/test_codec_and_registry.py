@@ -450,3 +450,29 @@ def test_a_client_whose_registry_is_not_there_says_so_as_a_submit_error() -> Non
         Client(s)
     print(f"reported after {time.monotonic() - started:.1f}s")  # it took 135 s before the deadline
     assert f"cannot reach the schema registry at http://127.0.0.1:{port} (is the stack up?)" in str(err.value)
+
+
+@given(specs(), specs())
+def test_a_task_record_reads_back_as_written_whether_or_not_its_spec_was_kept(one: Any, other: Any) -> None:
+    """streams/state_codec.py keeps recent tasks' specs with their plain form: a save of the same spec
+    reuses the plain form, a load reuses the spec. What is read is always what was written: with the
+    kept specs dropped, kept, or kept for another spec under the same task id."""
+    from taskstream.streams import state_codec
+    from taskstream.streams.state_codec import TaskRecord, dumps, loads
+
+    from taskstream.core.model import Status, TaskState
+
+    def record(spec: Any) -> TaskRecord:
+        return TaskRecord(TaskState("t1", Status.READY, 3, spec, "s"), dependents=["t2"], lease_until_ms=9)
+
+    state_codec._SPECS.clear()
+    raw = dumps(record(one))
+    state_codec._SPECS.clear()
+    cold = loads(raw)  # built from the stored form
+    warm = loads(raw)  # the kept spec
+    assert cold == warm == record(one)
+    assert dumps(warm) == raw
+    raw_other = dumps(record(other))  # the same task id, another spec: what is kept is replaced
+    assert loads(raw_other) == record(other)
+    state_codec._SPECS["t1"] = (one, state_codec._plain(one))  # kept for one, stored for the other
+    assert loads(raw_other).state.spec == other

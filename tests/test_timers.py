@@ -600,3 +600,21 @@ def test_a_batch_s_events_and_its_state_s_changelog_go_out_in_one_write_before_t
     assert calls == [("send", ["TaskClaimed"], [("tasks-changelog", 0, b"t1")]), ("write", [b"t1"])]
     assert lc.tasks.persisted_at == {0: 41}
     assert loads(lc.tasks[b"t1"]).state.status is Status.CLAIMED
+
+
+def test_the_owner_bench_runs_every_task_to_success_with_two_state_records_each() -> None:
+    """bench/owner_bench.py (the lifecycle alone, in one process) takes a small DAG from its packed
+    admission to success: each task's record and timer are written twice (admitted and claimed in one
+    batch, then ended), and its events go out packed, far fewer than one record per task."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "owner_bench.py"
+    spec = importlib.util.spec_from_file_location("owner_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    took, records = bench.one_round(300, 32, seed=0)  # raises unless all 300 were claimed and succeeded
+    assert took > 0
+    assert records["tasks-changelog"] == 2.0 and records["timers-changelog"] == 2.0
+    assert 0 < records["taskstream.events"] < 0.2

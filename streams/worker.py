@@ -121,6 +121,11 @@ class Reports:
         self.flushes: set[asyncio.Task[None]] = set()
 
     async def send(self, rec: r.InputRecord) -> None:
+        if self.inbox is not None:  # this worker owns the task: handed over now, not a turn of the loop later
+            local = self.inbox.local((rec,))[0]
+            if local is not None:
+                await self.inbox.put(local)
+                return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.waiting:
             task = asyncio.ensure_future(self._flush())

@@ -188,6 +188,45 @@ def test_a_workers_inputs_sent_at_the_same_moment_go_in_one_write_one_record_per
     assert alone == [(ctx.inputs, "t0", inputs[0])]
 
 
+def test_a_report_on_a_task_this_worker_owns_is_handed_over_in_the_step_that_sends_it() -> None:
+    """streams/worker.Reports: a report whose task's partition this worker's lifecycle holds goes into the
+    inbox in the sender's own step (no flush task, no turn of the loop in between), and its send returns
+    once the batch that decides it is written; one on a partition held elsewhere goes to the broker."""
+    import asyncio
+
+    from taskstream.streams.inbox import Inbox
+    from taskstream.streams.worker import Reports
+
+    ctx = make_context()
+    writes: list[list[Any]] = []
+
+    async def send_all(sends: list[Any]) -> None:
+        writes.append(list(sends))
+
+    ctx.send_all = send_all  # type: ignore[method-assign]
+    mine = next(f"t{i}" for i in range(50) if ctx.partition(f"t{i}") == 0)
+    theirs = next(f"t{i}" for i in range(50) if ctx.partition(f"t{i}") != 0)
+    box = Inbox("inputs", ctx.partition, lambda: {0}, None)
+    reports = Reports(ctx, box)
+
+    async def go() -> None:
+        report = ctx.input(mine, 100, r.FinishReport("c1", 0, "", 1, ""), "c1:finish")
+        sending = asyncio.ensure_future(reports.send(report))
+        await asyncio.sleep(0)  # one turn: the sender's first step
+        assert [item.record for item, _ in box.waiting] == [report], "in the inbox after the sender's step"
+        assert not reports.flushes and writes == []
+        [(_, fut)] = box.drain()
+        await asyncio.sleep(0.01)
+        assert not sending.done(), "not returned before its batch is written"
+        fut.set_result(None)
+        await asyncio.wait_for(sending, 1)
+        other = ctx.input(theirs, 100, r.FinishReport("c2", 0, "", 1, ""), "c2:finish")
+        await asyncio.wait_for(reports.send(other), 1)
+        assert writes == [[(ctx.inputs, theirs, other)]] and box.waiting == []
+
+    asyncio.run(go())
+
+
 def test_a_claim_beats_a_heartbeat_after_its_claim_and_each_beat_and_those_due_together_go_together() -> None:
     """streams.worker.Heartbeats: a claim's first heartbeat is due heartbeat_ms after it is held (a claim
     dropped sooner never beats), the next heartbeat_ms after that; claims due within a tenth of it beat

@@ -135,17 +135,9 @@ class Reports:
         await fut
 
     async def _flush(self) -> None:
+        # only reports on tasks held elsewhere when sent (`send` hands the others over in-process): one
+        # whose partition came here since still goes through the broker, which reaches any owner
         waiting, self.waiting = self.waiting, []
-        if self.inbox is not None:  # to this worker's own lifecycle in-process, where it owns the task
-            remote = []
-            for (rec, fut), local in zip(waiting, self.inbox.local(rec for rec, _ in waiting), strict=True):
-                if local is None:
-                    remote.append((rec, fut))
-                else:
-                    self.inbox.put(local, fut)
-            waiting = remote
-            if not waiting:
-                return
         sends = self.ctx.inputs_packed([rec for rec, _ in waiting])
         try:
             await self.ctx.send_all(sends)  # retried until the broker takes it

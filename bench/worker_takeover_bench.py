@@ -8,6 +8,9 @@ The DAG: 4 chains of 10 tasks of 0.5 s. Repeated --runs times per engine pair; w
 to bench/results/worker-takeover-<pair>.json.
 
     python bench/worker_takeover_bench.py [--engines kafka|fallback|both] [--runs 3] [--session-ms 6000]
+                                          [--set NAME=VALUE ...]
+
+--set runs the stack with a setting changed (TASKSTREAM_<NAME>), to worker-takeover-<pair>-set.json.
 """
 
 from __future__ import annotations
@@ -22,7 +25,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _stack import embedded_stack, kinds, settings_of, start_worker, summary, when, write_report
+from _stack import (
+    add_set_option,
+    embedded_stack,
+    kinds,
+    set_settings,
+    settings_of,
+    start_worker,
+    summary,
+    when,
+    write_report,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -59,6 +72,7 @@ def once(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "lease_ms": str(args.lease_ms),
         "heartbeat_ms": str(max(200, args.lease_ms // 4)),
         "lease_grace_ms": "1000",
+        **args.settings,
     }
     with embedded_stack(kind, **extra) as env:
         s = settings_of(env)
@@ -161,7 +175,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--session-ms", type=int, default=6000)
     ap.add_argument("--lease-ms", type=int, default=4000)
+    add_set_option(ap)
     args = ap.parse_args()
+    args.settings = set_settings(ap, args.set)
     for kind in kinds(args.engines):
         runs = []
         for i in range(args.runs):
@@ -173,6 +189,7 @@ def main() -> int:
             "engines": kind,
             "session_timeout_ms": args.session_ms,
             "lease_ms": args.lease_ms,
+            "settings": args.settings,
             "runs": args.runs,
             **{k: summary([r[k] for r in runs]) for k in keys},
             "runs_where_every_task_succeeded_within_s": {
@@ -184,7 +201,8 @@ def main() -> int:
             "each_run": runs,
             "when": when(),
         }
-        write_report(RESULTS / f"worker-takeover-{kind}.json", report)
+        name = f"worker-takeover-{kind}-set.json" if args.settings else f"worker-takeover-{kind}.json"
+        write_report(RESULTS / name, report)
     return 0
 
 

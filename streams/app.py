@@ -85,6 +85,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         broker_commit_interval=0.5,
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
+        table_standby_replicas=s.table_standby_replicas,
         **broker.faust_settings(s),
     )
     raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}

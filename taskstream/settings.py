@@ -60,6 +60,13 @@ class Settings:
     jvm_jit: str = "quick"
     # Faust workers.
     workers: int = 1
+    # Standby copies Faust keeps of each of the lifecycle's table partitions on other workers (Faust's
+    # table_standby_replicas): a worker applies the other workers' changelogs to its own store as they
+    # are written, so a partition it takes over needs no replay first. With one worker there is no
+    # other to keep one; with two on one 2-core machine they cost ~2 ms of CPU per task across the stack
+    # (docs/measurements.md, "A second worker on the same two cores"). 0: a worker taking a partition
+    # over reads its changelog from where its own store left off.
+    table_standby_replicas: int = 1
     worker_slots: int = 4
     # A worker claims up to this many queued tasks beyond its free slots, so a slot that frees starts
     # its next task at once instead of after a claim's round trip (Celery's prefetch). A task claimed
@@ -283,6 +290,8 @@ def _timing_problems(s: Settings) -> list[str]:
         )
     if s.worker_slots < 1:
         out.append(f"TASKSTREAM_WORKER_SLOTS={s.worker_slots} must be at least 1")
+    if s.table_standby_replicas < 0:
+        out.append(f"TASKSTREAM_TABLE_STANDBY_REPLICAS={s.table_standby_replicas} must not be negative")
     if s.claim_ahead < 0:
         out.append(f"TASKSTREAM_CLAIM_AHEAD={s.claim_ahead} must not be negative")
     if s.worker_cpus < 0 or s.worker_memory_mb < 0 or s.worker_gpus < 0:

@@ -329,3 +329,18 @@ def test_a_worker_leaves_out_its_lifecycle_s_own_writing_on_the_events_topic_and
     assert not unwanted(record(events, (kind, b"TaskSubmitted")))
     assert not unwanted(record(events)), "without the header it might be anything: delivered, decoded"
     assert not unwanted(record(inputs, (kind, b"TaskEvents")))
+
+
+@pytest.mark.parametrize("standbys", [0, 2])
+def test_the_worker_s_app_keeps_as_many_standby_tables_as_the_setting_says(tmp_path: Any, standbys: int) -> None:
+    """TASKSTREAM_TABLE_STANDBY_REPLICAS reaches Faust (streams/app.py); Faust's own default is 1."""
+    from taskstream.streams.app import build_app
+
+    from taskstream.settings import Settings
+
+    default = build_app(Settings(state_dir=tmp_path / "a", kafka_bootstrap="127.0.0.1:9"))
+    assert default.conf.table_standby_replicas == 1
+    s = Settings.from_env(
+        {"TASKSTREAM_STATE_DIR": str(tmp_path / "b"), "TASKSTREAM_TABLE_STANDBY_REPLICAS": str(standbys)}
+    )
+    assert build_app(s).conf.table_standby_replicas == standbys

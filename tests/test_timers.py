@@ -114,6 +114,7 @@ def test_rechecks_back_off_to_a_ceiling_and_stop_once_the_task_is_not_waiting() 
         ({"TASKSTREAM_KILL_GRACE_MS": "-1"}, "TASKSTREAM_KILL_GRACE_MS=-1 must not be negative"),
         ({"TASKSTREAM_LEASE_EXPIRY_LIMIT": "0"}, "TASKSTREAM_LEASE_EXPIRY_LIMIT=0 must be at least 1"),
         ({"TASKSTREAM_RECHECK_MS": "0"}, "TASKSTREAM_RECHECK_MS=0 must be above 0"),
+        ({"TASKSTREAM_TABLE_STANDBY_REPLICAS": "-1"}, "TASKSTREAM_TABLE_STANDBY_REPLICAS=-1 must not be negative"),
         ({"TASKSTREAM_GRAPH_LINGER_MS": "-5"}, "TASKSTREAM_GRAPH_LINGER_MS=-5 must be between 0 and 60000"),
         ({"TASKSTREAM_LOCAL_CLAIMS": "2"}, "TASKSTREAM_LOCAL_CLAIMS=2 must be 0 or 1"),
         ({"TASKSTREAM_READY_AT_ONCE": "-1"}, "TASKSTREAM_READY_AT_ONCE=-1 must be 0 or 1"),

@@ -127,6 +127,13 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     inputs_topic = s.topic("task-inputs")
     inbox_holder: dict[str, Inbox] = {}
 
+    def held_events() -> frozenset[int]:
+        """The partitions of the events topic this worker's lifecycle decides, while no rebalance is under
+        way (the claim waiter reads the others from the broker)."""
+        if app.rebalancing:
+            return frozenset()
+        return frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == events_name)
+
     def inbox() -> Inbox | None:
         if not s.local_inputs:
             return None
@@ -140,6 +147,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
             if s.local_claims:
                 lifecycle_holder["l"].local = local
             lifecycle_holder["l"].inbox = inbox()
+            lifecycle_holder["l"].written = written
         return lifecycle_holder["l"]
 
     deciding = asyncio.Lock()  # the lifecycle decides one batch at a time, from Faust or from the inbox
@@ -190,9 +198,15 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     worker_id = node
     waiter_holder: dict[str, Any] = {}
 
+    def written(records: list[Any], offsets: dict[int, int]) -> None:
+        """The lifecycle's events, durable: to this worker's claim waiter, which reads only what other
+        workers decide from the broker."""
+        if "w" in waiter_holder:
+            waiter_holder["w"].written(records, offsets)
+
     @app.task
     async def claim_waiter() -> None:
-        waiter_holder["w"] = ClaimWaiter(ctx(), worker_id)
+        waiter_holder["w"] = ClaimWaiter(ctx(), worker_id, held_events)
         await waiter_holder["w"].run()
 
     def executor_for() -> Executor:

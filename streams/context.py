@@ -220,7 +220,8 @@ class Context:
         self, sends: list[tuple[Any, str, Any]], changelog: list[ChangelogRecord] | None = None
     ) -> dict[str, dict[int, int]]:
         """Send (topic, key, record) tuples, and `changelog` records (connectors/table_state.py), and wait
-        until every one is durable; the last changelog offset written per topic and partition.
+        until every one is durable; the last offset written per topic and partition (of the records and
+        of the changelog).
 
         All are handed to the producer before any is awaited, so they leave in one request to the
         broker: a batch's events and the state that says they were decided land together or not at all
@@ -255,10 +256,8 @@ class Context:
                     else:
                         futures.append(await self.producer.send(name, key, value, part, None, hdr))
                 states = [await self.producer.send(t, k, v, p, None, None) for t, p, k, v in changelog or ()]
-                for fut in futures:
-                    await fut
                 last: dict[str, dict[int, int]] = {}
-                for fut in states:
+                for fut in futures + states:
                     meta = await fut
                     parts = last.setdefault(meta.topic, {})
                     parts[meta.partition] = max(parts.get(meta.partition, -1), meta.offset)

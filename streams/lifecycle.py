@@ -109,6 +109,9 @@ class Lifecycle:
         # them, besides being written (streams/inbox.py); None: they wait for their copy from the log
         self.inbox: Inbox | None = None
         self._handoffs: list[tuple[r.QueuedTask, str]] = []  # decided, not yet in a write
+        # written(events, offsets): told of the events of each durable write and the last offset written
+        # per events partition (this worker's claim waiter: streams/worker.ClaimWaiter); None: nobody
+        self.written: Any = None
 
     def load(self, task_id: str) -> TaskRecord:
         raw = self._raw(task_id.encode())
@@ -145,9 +148,18 @@ class Lifecycle:
             self._batch.sends.extend(sends)
             self._batch.handoffs.extend(handoffs)
         else:
-            await self.ctx.send_all(sends)
+            self._tell(sends, await self.ctx.send_all(sends))
             for qt, cid in handoffs:
                 self.local.hand(qt, cid)
+
+    def _tell(self, sends: list[tuple[Any, str, Any]], durable: dict[str, dict[int, int]]) -> None:
+        """Tell `written` of the events among `sends`, durable now."""
+        if self.written is not None:
+            events = self.ctx.events
+            self.written(
+                [rec for topic, _key, rec in sends if topic is events and type(rec) is r.EventRecord],
+                durable.get(events.get_topic_name(), {}),
+            )
 
     def _drop_handoffs(self, handoffs: list[tuple[r.QueuedTask, str]]) -> None:
         """Claims decided in-process that are not written after all: their reservations go back."""
@@ -204,6 +216,7 @@ class Lifecycle:
         except BaseException:
             self._drop_handoffs(batch.handoffs)
             raise
+        self._tell(batch.sends, durable or {})
         for qt, cid in batch.handoffs:  # claimed in-process: recorded, so run
             self.local.hand(qt, cid)
         self._remember(batch, durable or {})  # ... then remembered here

@@ -61,6 +61,7 @@ START_REPORT_AFTER_S = 0.05
 GIVE_BACK_CHECK_S = 1.0
 VERDICTS = (b"TaskClaimed", b"ClaimRejected")
 WATCHED = (*VERDICTS, b"TaskCancelled", b"TaskLimitExceeded")
+_WATCHED_EVENTS = (e.TaskClaimed, e.ClaimRejected, e.TaskCancelled, e.TaskLimitExceeded)
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
 
 
@@ -203,11 +204,27 @@ class Heartbeats:
 
 class ClaimWaiter:
     """Follows the events topic from the moment the worker starts: resolves pending claims, and tells the
-    runs of cancelled tasks that they are."""
+    runs of cancelled tasks that they are.
 
-    def __init__(self, ctx: Context, worker_id: str) -> None:
+    Every event it looks for (a verdict, a cancellation, a limit) is decided by the task's owner. Those of
+    the partitions this worker's own lifecycle owns (`held`) are handed to it in-process once they are
+    durable (`written`), so it reads from the broker only the partitions other workers own: alone, it
+    reads nothing, and with a peer, half the topic instead of all of it (each waiter read every record
+    of it once for every worker, docs/measurements.md). A partition its lifecycle takes over is read on
+    to the end it had then (what the earlier owner wrote), and only then left to the lifecycle; one its
+    lifecycle gives away is read again from just after the last record the lifecycle wrote there, so
+    nothing the next owner writes is missed whenever this waiter notices the move."""
+
+    def __init__(self, ctx: Context, worker_id: str, held: Callable[[], frozenset[int]] | None = None) -> None:
         self.ctx = ctx
         self.worker_id = worker_id
+        # the events partitions this worker's lifecycle decides now (none while a rebalance is under way)
+        self.held = held or frozenset
+        self.local: dict[int, int] = {}  # partition left to the lifecycle -> where to read on if it goes
+        self.draining: dict[int, int] = {}  # partition just taken over -> read on to this offset first
+        self.consumer: Any = None
+        self.topic = ""
+        self._followed: frozenset[int] | None = None  # `held` as last followed
         self.pending: dict[str, asyncio.Future[e.Event]] = {}
         # task id -> a future per run of it here (a watch), each told why that run is to be killed: the
         # task was cancelled, or the run's claim is over a limit. Runs of one task can overlap: one that
@@ -278,10 +295,16 @@ class ClaimWaiter:
             await consumer.seek_to_end(*parts)
             for tp in parts:  # resolve the positions now, so nothing decided after this point is missed
                 await consumer.position(tp)
+            self.consumer, self.topic = consumer, topic
             self.ready.set()
             log.info("claim waiter ready: following %s from its end", topic)
             while True:
-                batches = await consumer.getmany(timeout_ms=200, max_records=1000)
+                await self.follow()
+                if consumer.assignment():
+                    batches = await consumer.getmany(timeout_ms=200, max_records=1000)
+                else:  # every partition is this worker's own: what it needs is handed over in-process
+                    batches = {}
+                    await asyncio.sleep(0.2)
                 for msgs in batches.values():
                     for m in msgs:
                         headers = dict(m.headers or ())
@@ -293,6 +316,45 @@ class ClaimWaiter:
                             self._see(m.value)
         finally:
             await consumer.stop()
+
+    async def follow(self) -> None:
+        """Read the partitions the lifecycle does not hold (see the class): those it gave away from their
+        marks on, those it took over until they are drained to the end they had then. Everything asked
+        of the broker is asked before anything changes here: a broker that fails a call changes nothing,
+        and the next call tries again."""
+        c, held = self.consumer, self.held()
+        if held == self._followed and not self.draining:
+            return
+        taken = [TopicPartition(self.topic, p) for p in held if p not in self.local and p not in self.draining]
+        ends = await c.end_offsets(taken) if taken else {}
+        have = c.assignment()
+        at = {tp: await c.position(tp) for tp in have}
+        # nothing awaited from here on
+        gone = {p: self.local.pop(p) for p in list(self.local) if p not in held}
+        for p in [p for p in self.draining if p not in held]:
+            del self.draining[p]  # given away again before it was drained: read on as before
+        self.draining.update((tp.partition, end) for tp, end in ends.items())
+        for p, end in list(self.draining.items()):
+            tp = TopicPartition(self.topic, p)
+            if tp in at and at[tp] >= end:  # (a draining partition is always read: `want` below)
+                del self.draining[p]
+                self.local[p] = at[tp]
+        self._followed = held
+        want = {TopicPartition(self.topic, p) for p in range(self.ctx.settings.partitions) if p not in self.local}
+        if want != have:
+            c.assign(list(want))  # which forgets every position: each is sought to where it is to read from
+            for tp in want:
+                c.seek(tp, at[tp] if tp in at else gone[tp.partition])
+
+    def written(self, records: list[r.EventRecord], offsets: dict[int, int]) -> None:
+        """Events this worker's lifecycle wrote, durable now (`offsets`: the last offset written per events
+        partition): seen as if read from the log, and the marks of the partitions it holds moved past them."""
+        for rec in records:
+            if type(rec.payload) in _WATCHED_EVENTS:
+                self._see_one(rec)
+        for p, offset in offsets.items():
+            if p in self.local:
+                self.local[p] = max(self.local[p], offset + 1)
 
     def awaits(self, kinds: Any) -> bool:
         """Whether a record of events of these kinds may hold one this worker waits for: a verdict while a

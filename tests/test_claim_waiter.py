@@ -23,17 +23,10 @@ from taskstream.streams.worker import ClaimWaiter
 
 from taskstream.core import events as e
 from tests.conftest import Stack
+from tests.test_context import _Topic
 
 pytestmark = [pytest.mark.stack, pytest.mark.fallback]
 PARTITIONS = 4
-
-
-class _Topic:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def get_topic_name(self) -> str:
-        return self.name
 
 
 class Owners:

@@ -140,6 +140,34 @@ class PeakRss:
         return {name: round(v, 1) for name, v in self.peak.items()}
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of pid and every process under it, with the children they waited for."""
+    total = 0.0
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            # own user + system, and that of waited-for children (a finished task process)
+            total += sum(int(x) for x in parts[11:15]) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return total
+
+
+def machine_ticks() -> tuple[int, int, int]:
+    """The machine's CPU ticks so far (/proc/stat): busy (neither idle, iowait nor stolen), stolen by
+    the host, and all."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4] - ticks[7], ticks[7], sum(ticks)
+
+
+def machine_shares(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict[str, float]:
+    """The machine's busy and stolen shares between two `machine_ticks()`."""
+    total = max(1, after[2] - before[2])
+    return {"busy": round((after[0] - before[0]) / total, 3), "steal": round((after[1] - before[1]) / total, 3)}
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         parts = f.read().rsplit(")", 1)[1].split()

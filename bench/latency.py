@@ -3,7 +3,9 @@
 On a fresh embedded stack, after --warm one-task submissions that are not counted: first the maximum
 rate, from --probe one-task submissions of a no-op callable (`os:getpid`) sent back to back
 (`Client.submit_many`) (tasks/s from the first send to the last success).
-Then, at 25, 50 and 75% of it, one-task submissions sent open loop for --seconds each: every send has
+Then, at 25, 50 and 75% of it (or at the fixed rates of --rates, in tasks/s: runs of one code against
+another compare at the same rates, where each run's own maximum moved them by half between runs an
+hour apart), one-task submissions sent open loop for --seconds each: every send has
 an intended time (start + i / rate), and latency counts from that time, so a sender that falls behind
 shows as latency instead of hiding it. The sender sends every submission due by now in one call
 (`Client.submit_many`, each still a submission of its own): one call per submission, a produce and a
@@ -21,12 +23,14 @@ owner at its input's), so they say nothing of where the time goes. The hops:
     Promote through the broker and the claim (`claimed_at_once` says how many were);
   start: that record -> the TaskStarted's event time (the write's round trip, the hand-over, the
     runner starting the call).
+Each level also says what it cost: every service's CPU per task (its process tree's, from the first
+send to the last success) and the machine's busy and stolen shares over that span.
 Last, a chain of 40 no-op callables: from its send to the last task's success.
 
     python bench/latency.py [--engines kafka|fallback|both] [--warm 300] [--probe 300] [--seconds 20]
-                            [--set NAME=VALUE ...]
+                            [--rates 20,100,...] [--set NAME=VALUE ...]
 
-Writes bench/results/latency-<pair>.json (latency-<pair>-set.json with --set).
+Writes bench/results/latency-<pair>.json (-rates and -set before .json with those options).
 """
 
 from __future__ import annotations
@@ -39,7 +43,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from _stack import add_set_option, embedded_stack, kinds, percentiles_ms, set_settings, settings_of, when, write_report
+from _stack import (
+    add_set_option,
+    embedded_stack,
+    kinds,
+    machine_shares,
+    machine_ticks,
+    percentiles_ms,
+    services,
+    set_settings,
+    settings_of,
+    tree_cpu,
+    when,
+    write_report,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -128,6 +145,17 @@ def wait_done(conn: Any, tenant_tasks: int, timeout: float = 600) -> None:
     raise SystemExit(f"only {n} of {tenant_tasks} tasks succeeded within {timeout:.0f}s")
 
 
+def rates_arg(text: str) -> list[float]:
+    """--rates: positive tasks/s, comma-separated."""
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected rates in tasks/s separated by commas, got {text!r}") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"expected positive rates in tasks/s, got {text!r}")
+    return rates
+
+
 def main() -> int:
     import psycopg
 
@@ -139,6 +167,7 @@ def main() -> int:
     ap.add_argument("--probe", type=int, default=300)
     ap.add_argument("--warm", type=int, default=300, help="one-task submissions run before the probe, not counted")
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--rates", type=rates_arg, default=None, help="fixed rates (tasks/s, comma-separated)")
     add_set_option(ap)
     args = ap.parse_args()
     extra = set_settings(ap, args.set)
@@ -164,10 +193,15 @@ def main() -> int:
                 max_rate = args.probe / (float(last) - t0)
                 print(f"{kind}: maximum rate {max_rate:.1f} tasks/s", flush=True)
                 levels: dict[str, Any] = {}
-                for share in (0.25, 0.5, 0.75):
-                    rate = max_rate * share
+                pids = services(env)
+                if args.rates:
+                    plan = [(f"{rate:g}/s", rate) for rate in args.rates]
+                else:
+                    plan = [(f"{int(share * 100)}%", max_rate * share) for share in (0.25, 0.5, 0.75)]
+                for name, rate in plan:
                     n = max(10, int(rate * args.seconds))
-                    tag = f"r{int(share * 100)}-{uuid.uuid4().hex[:6]}"
+                    tag = f"r{int(rate)}-{uuid.uuid4().hex[:6]}"
+                    cpu_before, ticks_before = {k: tree_cpu(pid) for k, pid in pids.items()}, machine_ticks()
                     intended: dict[str, float] = {}
                     since = event_ends(s)
                     start = time.time() + 0.2
@@ -185,6 +219,8 @@ def main() -> int:
                         i = j
                     total += n
                     wait_done(conn, total)
+                    cpu = {k: round((tree_cpu(pid) - cpu_before[k]) * 1000 / n, 3) for k, pid in pids.items()}
+                    machine = machine_shares(ticks_before, machine_ticks())
                     rows = conn.execute(
                         "SELECT t.submission_id::text, t.task_id::text, extract(epoch FROM t.admitted_at), "
                         "extract(epoch FROM a.started_at) FROM tasks t JOIN attempts a USING (task_id) "
@@ -202,15 +238,19 @@ def main() -> int:
                             for h, a, b in zip(HOPS, points, points[1:], strict=False):
                                 hops[h].append(b - a)
                             at_once += t["claimed@"] == t["ready@"]
-                    levels[f"{int(share * 100)}%"] = {
+                    levels[name] = {
                         "rate_tasks_per_s": round(rate, 2),
+                        "share_of_maximum": round(rate / max_rate, 3),
                         "tasks": len(rows),
                         "submit_to_start_ms": percentiles_ms(latency),
                         "hop_ms": {h: percentiles_ms(v) for h, v in hops.items() if v},
                         "hop_share_of_median": hop_shares(hops),
                         "claimed_at_once": at_once,
+                        "cpu_ms_per_task": cpu,
+                        "cpu_ms_per_task_total": round(sum(cpu.values()), 3),
+                        "machine": machine,
                     }
-                    print(f"{kind} {int(share * 100)}%: {levels[f'{int(share * 100)}%']}", flush=True)
+                    print(f"{kind} {name}: {levels[name]}", flush=True)
                 # a chain of 40
                 chain = [{"name": "c0", **NOOP}] + [
                     {"name": f"c{i}", **NOOP, "dependencies": [f"c{i - 1}"]} for i in range(1, 40)
@@ -232,11 +272,12 @@ def main() -> int:
             "chain_of_40_seconds": round(chain_s, 3),
             "aim": "p50 under 10 ms and p99 under 50 ms at half the maximum rate; the chain under 0.4 s",
             "how": f"{args.warm} one-task submissions to warm up, {args.probe} for the maximum; "
-            f"{args.seconds:g} s per level",
+            f"{args.seconds:g} s per level" + (" at fixed rates" if args.rates else ""),
             "settings": extra,
             "when": when(),
         }
-        write_report(RESULTS / f"latency-{kind}{'-set' if extra else ''}.json", report)
+        suffix = ("-rates" if args.rates else "") + ("-set" if extra else "")
+        write_report(RESULTS / f"latency-{kind}{suffix}.json", report)
     return 0
 
 

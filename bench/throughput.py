@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -32,13 +31,13 @@ from typing import Any
 
 from _stack import (
     add_set_option,
-    descendants,
     embedded_stack,
     kinds,
     services,
     set_settings,
     settings_of,
     summary,
+    tree_cpu,
     when,
     write_report,
 )
@@ -47,19 +46,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 GIVE_UP_S = 1800.0
 NOOP = {"call": "os:getpid"}
-
-
-def tree_cpu(pid: int) -> float:
-    total = 0.0
-    for p in descendants(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                parts = f.read().rsplit(")", 1)[1].split()
-            # own user + system, and that of waited-for children (a finished task process)
-            total += sum(int(x) for x in parts[11:15]) / os.sysconf("SC_CLK_TCK")
-        except OSError:
-            continue
-    return total
 
 
 # Where a worker's samples are, by the frames they pass through (a sample counts once per group).

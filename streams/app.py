@@ -117,28 +117,22 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         """Whether the partition of message `m` (consumed, or handed over in-process) is this worker's."""
         return TP(m.topic, m.partition) in app.consumer.assignment()
 
-    def held() -> frozenset[int]:
-        """The partitions of task-inputs whose inputs may be handed to this worker's lifecycle in-process:
-        this worker's, while no rebalance is under way (their state may be recovering)."""
+    def held(topic: str) -> frozenset[int]:
+        """The partitions of `topic` (task-inputs or events, co-partitioned) whose inputs may be handed to
+        this worker's lifecycle in-process, and whose events it decides: this worker's, while no
+        rebalance is under way (their state may be recovering)."""
         if app.rebalancing:
             return frozenset()
-        return frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == inputs_topic)
+        return frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == topic)
 
     inputs_topic = s.topic("task-inputs")
     inbox_holder: dict[str, Inbox] = {}
-
-    def held_events() -> frozenset[int]:
-        """The partitions of the events topic this worker's lifecycle decides, while no rebalance is under
-        way (the claim waiter reads the others from the broker)."""
-        if app.rebalancing:
-            return frozenset()
-        return frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == events_name)
 
     def inbox() -> Inbox | None:
         if not s.local_inputs:
             return None
         if "i" not in inbox_holder:
-            inbox_holder["i"] = Inbox(inputs_topic, ctx().partition, held, ctx().codec)
+            inbox_holder["i"] = Inbox(inputs_topic, ctx().partition, lambda: held(inputs_topic), ctx().codec)
         return inbox_holder["i"]
 
     def lifecycle() -> Lifecycle:
@@ -206,7 +200,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     @app.task
     async def claim_waiter() -> None:
-        waiter_holder["w"] = ClaimWaiter(ctx(), worker_id, held_events)
+        waiter_holder["w"] = ClaimWaiter(ctx(), worker_id, lambda: held(events_name))
         await waiter_holder["w"].run()
 
     def executor_for() -> Executor:

@@ -59,9 +59,11 @@ START_REPORT_AFTER_S = 0.05
 # A claim waiting for room looks this often whether it is one too many: held beyond slots + claim_ahead
 # (what a worker alone on its lane claims, LocalClaims) while another live worker reads its lane.
 GIVE_BACK_CHECK_S = 1.0
-VERDICTS = (b"TaskClaimed", b"ClaimRejected")
-WATCHED = (*VERDICTS, b"TaskCancelled", b"TaskLimitExceeded")
-_WATCHED_EVENTS = (e.TaskClaimed, e.ClaimRejected, e.TaskCancelled, e.TaskLimitExceeded)
+# what a claim waiter looks for: the verdicts on its claims, and what ends a run of its own
+_VERDICT_EVENTS = (e.TaskClaimed, e.ClaimRejected)
+_WATCHED_EVENTS = (*_VERDICT_EVENTS, e.TaskCancelled, e.TaskLimitExceeded)
+VERDICTS = tuple(kind.__name__.encode() for kind in _VERDICT_EVENTS)  # as the events' kind header names them
+WATCHED = tuple(kind.__name__.encode() for kind in _WATCHED_EVENTS)
 BASE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
 
 

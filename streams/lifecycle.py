@@ -27,9 +27,10 @@ import orjson
 from taskstream.connectors.table_state import ChangelogRecord, KeyedState
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError, _plain, spec_from
+from taskstream.streams import state_codec
 from taskstream.streams.context import EVENT_HEADER, Context, unit_random
 from taskstream.streams.inbox import Inbox, LocalInput
-from taskstream.streams.state_codec import TaskRecord, dumps, loads
+from taskstream.streams.state_codec import TaskRecord
 from taskstream.streams.tenure import Tenure
 from taskstream.streams.timers import TimerIndex
 
@@ -115,7 +116,7 @@ class Lifecycle:
 
     def load(self, task_id: str) -> TaskRecord:
         raw = self._raw(task_id.encode())
-        return loads(raw) if raw else TaskRecord(TaskState(task_id=task_id))
+        return state_codec.load(task_id, raw) if raw else TaskRecord(TaskState(task_id=task_id))
 
     def _partition(self) -> int:
         """The partition of the message being handled: the records of its tasks are kept there (inputs
@@ -244,7 +245,7 @@ class Lifecycle:
 
     def _by_partition(self, batch: _Batch) -> list[tuple[KeyedState, int, dict[bytes, bytes | None]]]:
         """The batch's records and timers, each under its message's partition."""
-        out = []
+        out: list[tuple[KeyedState, int, dict[bytes, bytes | None]]] = []
         for state, items in ((self.tasks, batch.tasks), (self.timers, batch.timers)):
             by_partition: dict[int, dict[bytes, bytes | None]] = {}
             for key, value in items.items():
@@ -683,7 +684,7 @@ class Lifecycle:
         key = record.state.task_id.encode()
         if timer is False and record.state.status is Status.WAITING and self._timer(key) is None:
             timer = self._recheck_timer(record, record.state.updated_ms) or False
-        self._put(key, dumps(record))
+        self._put(key, state_codec.save(record))
         if timer:
             self._set_timer(record.state.task_id, timer)
         elif timer is None:

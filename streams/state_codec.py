@@ -7,6 +7,12 @@ A task's spec never changes once it is submitted, yet every save wrote it out fr
 and every load built a TaskSpec from it again: a fifth of the owner's CPU per task (bench/owner_bench.py).
 The specs of recent tasks are kept with their plain form (`_SPECS`): a save of the same spec reuses the
 plain form, and a load whose stored spec equals the kept plain form (compared in C) reuses the spec.
+
+Likewise the last record saved of each recent task is kept with its bytes (`_RECORDS`): a task is saved
+at every step of its life and loaded again at the next, and a load whose stored bytes are the ones kept
+(compared in C, so a record written meanwhile by anyone else, such as the changelog a partition was
+recovered from, is never mistaken for it) gets a copy of the kept record instead of decoding the JSON
+and building the state anew.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from taskstream.core.model import Claim, Status, TaskSpec, TaskState
 
 SPECS_KEPT = 16_384  # tasks whose spec is kept with its plain form (all dropped at once when full)
 _SPECS: dict[str, tuple[TaskSpec, dict[str, Any]]] = {}  # task id -> (spec, its plain form)
+RECORDS_KEPT = 16_384  # tasks whose last record is kept with its bytes (all dropped at once when full)
+_RECORDS: dict[str, tuple[bytes, TaskRecord]] = {}  # task id -> (its record's bytes, a copy of the record)
 
 
 def _keep(task_id: str, spec: TaskSpec, plain: dict[str, Any]) -> None:
@@ -55,6 +63,30 @@ class TaskRecord:
     not_admitted: bool = False  # its dependents waited reference_wait_ms and were told it never came
     lease_until_ms: int | None = None  # the current claim's lease, moved on by the worker's heartbeats
     rechecks: int = 0  # times it asked its prerequisites again (while waiting)
+
+
+def _copy(rec: TaskRecord) -> TaskRecord:
+    """A record nobody else holds: its state is immutable, its lists and dicts are copied."""
+    return TaskRecord(
+        rec.state, list(rec.dependents), dict(rec.ended), rec.not_admitted, rec.lease_until_ms, rec.rechecks
+    )
+
+
+def save(rec: TaskRecord) -> bytes:
+    """`dumps`, and the record kept with its bytes for the next `load` of the task."""
+    raw = dumps(rec)
+    if len(_RECORDS) >= RECORDS_KEPT:
+        _RECORDS.clear()
+    _RECORDS[rec.state.task_id] = (raw, _copy(rec))
+    return raw
+
+
+def load(task_id: str, raw: bytes) -> TaskRecord:
+    """`loads(raw)`: a copy of the record kept for `task_id` if `raw` is the bytes it was saved as."""
+    kept = _RECORDS.get(task_id)
+    if kept is not None and kept[0] == raw:
+        return _copy(kept[1])
+    return loads(raw)
 
 
 def dumps(rec: TaskRecord) -> bytes:

@@ -476,3 +476,32 @@ def test_a_task_record_reads_back_as_written_whether_or_not_its_spec_was_kept(on
     assert loads(raw_other) == record(other)
     state_codec._SPECS["t1"] = (one, state_codec._plain(one))  # kept for one, stored for the other
     assert loads(raw_other).state.spec == other
+
+
+@given(specs(), st.lists(st.text(max_size=8), max_size=3), st.integers(0, 5))
+def test_a_kept_task_record_loads_as_decoded_and_is_never_shared(spec: Any, deps: list[str], rechecks: int) -> None:
+    """streams/state_codec.py keeps the last record saved of each recent task with its bytes: a load of
+    those bytes gets a copy of it instead of decoding. The copy equals what decoding gives; a change to
+    the copy (or to the record saved) reaches neither the kept record nor the next load; bytes written
+    by anyone else under the same task id are decoded."""
+    from taskstream.streams import state_codec
+    from taskstream.streams.state_codec import TaskRecord, dumps, loads
+
+    from taskstream.core.model import Status, TaskState
+
+    saved = TaskRecord(TaskState("t1", Status.READY, 3, spec, "s"), dependents=list(deps), rechecks=rechecks)
+    raw = state_codec.save(saved)
+    assert raw == dumps(saved)
+    saved.dependents.append("changed after the save")
+    saved.ended["p"] = "SUCCEEDED"
+    first = state_codec.load("t1", raw)
+    assert first == loads(raw)
+    assert first.dependents == deps and first.ended == {}
+    first.dependents.append("changed after the load")
+    first.ended["q"] = "FAILED"
+    again = state_codec.load("t1", raw)
+    assert again == loads(raw) and again is not first
+    other = dumps(TaskRecord(TaskState("t1", Status.RUNNING, 4, spec, "s"), dependents=["x"]))
+    assert state_codec.load("t1", other) == loads(other)  # not the kept record: decoded
+    state_codec._RECORDS.clear()
+    assert state_codec.load("t1", raw) == loads(raw)

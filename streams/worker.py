@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -1024,8 +1023,8 @@ class _CallRun:
         call = spec.call
         request = {
             "target": call.target,
-            "args": json.loads(call.args_json),
-            "kwargs": json.loads(call.kwargs_json),
+            "args_json": call.args_json,  # read by the runner: not decoded and encoded again here
+            "kwargs_json": call.kwargs_json,
             "env": env,
             "cwd": cwd,  # None: the runner's scratch directory, what is left there moved to `keep`
             "keep": str(keep),

@@ -5,6 +5,7 @@ scratch directory (empty for each call, what a call leaves kept as its attempt's
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -20,8 +21,8 @@ def request(
 ) -> dict[str, Any]:  # fmt: skip
     return {
         "target": target,
-        "args": list(args),
-        "kwargs": kwargs,
+        "args_json": json.dumps(list(args)),  # as a submission's call carries them
+        "kwargs_json": json.dumps(kwargs),
         "env": env or {"PATH": os.environ["PATH"]},
         "cwd": str(cwd) if cwd is not None else None,
         "keep": str(keep or Path("/nonexistent/keep")),
@@ -70,6 +71,30 @@ def test_calls_run_with_their_output_environment_and_directory_and_the_runner_is
             assert (await again.call(request(gone, "builtins:exec", rm)))["exit_code"] == 0
             out = await again.call(request(tmp_path, "builtins:exec", "import os; print(os.getcwd())"))
             assert out["tail"] == f"{tmp_path}\n"
+        finally:
+            runners.release(runner)
+            await runners.close()
+
+    asyncio.run(go())
+
+
+def test_surrogates_in_the_environment_and_in_a_reason_and_a_nan_argument_go_through(tmp_path: Path) -> None:
+    """The protocol's lines are orjson's, which refuses lone surrogates (an environment variable read
+    with surrogateescape can hold one, and so can an exception's message): such a line goes through
+    json instead, both ways. Arguments stay json's own (NaN is not JSON, but json reads it)."""
+
+    async def go() -> None:
+        runners = Runners(None, tmp_path / "runners")
+        runner = await runners.acquire()
+        try:
+            env = {"PATH": os.environ["PATH"], "ODD": "caf\udce9"}
+            code = "import os; print(ascii(os.environ['ODD']))"
+            got = await runner.call(request(tmp_path, "builtins:exec", code, env=env))
+            assert got == {"exit_code": 0, "reason": "", "tail": "'caf\\udce9'\n"}
+            odd = await runner.call(request(tmp_path, "builtins:exec", "raise ValueError('\\udce9')"))
+            assert (odd["exit_code"], odd["reason"]) == (1, "raised ValueError: \udce9")
+            nan = await runner.call(request(tmp_path, "builtins:print", float("nan"), sep="|"))
+            assert nan == {"exit_code": 0, "reason": "", "tail": "nan\n"}
         finally:
             runners.release(runner)
             await runners.close()

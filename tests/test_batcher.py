@@ -370,9 +370,35 @@ def test_a_task_runs_only_where_the_worker_labels_it_needs_are_and_waits_where_n
     with psycopg.connect(small.settings.dsn, autocommit=True) as conn:
         row = conn.execute("SELECT needs_labels FROM tasks WHERE task_id = %s", (ids["eu"],)).fetchone()
     assert row == ({"zone": "eu"},)
+    # a task READY makes every notice a round; none READY, a notice makes none (while the gate is open
+    # and no promotion is on its way)
+    assert not idle(small, gate_open=True)
     with Client(small.settings) as client:
         client.cancel(ids["eu"], "no worker in that zone")
     wait_until(lambda: statuses(small, [ids["eu"]]) == {ids["eu"]: "CANCELLED"}, 30, "the eu task cancelled")
+    wait_until(lambda: idle(small, gate_open=True), 30, "no task READY: a notice making no round")
+    assert not idle(small, gate_open=False)  # the last round had no room for every candidate: rounds go on
+    assert not idle(small, gate_open=True, promoted=["a promotion on its way"])
+
+
+def idle(stack: Stack, gate_open: bool, promoted: Iterable[str] = ()) -> bool:
+    """Whether the batcher (streams/batcher.py) would skip the round a notice asks for, on the stack's
+    read model as it is now."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from taskstream.streams.batcher import Batcher
+
+    from taskstream.core.batcher import Gate
+
+    async def ask() -> bool:
+        batcher = Batcher(SimpleNamespace(settings=stack.settings), lambda: True)  # type: ignore[arg-type]
+        batcher.gate = Gate(open=gate_open)
+        batcher.promoted = {task: ("dispatch", "default", 0.0) for task in promoted}
+        async with await psycopg.AsyncConnection.connect(stack.settings.dsn, autocommit=True) as conn:
+            return await batcher.idle(conn)
+
+    return asyncio.run(ask())
 
 
 def test_workers_lists_what_each_worker_advertises(small: Stack) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,17 +256,42 @@ class Context:
                         futures.append(await lanes.send(name, value, key=key, partition=part, headers=hdr))
                     else:
                         futures.append(await self.producer.send(name, key, value, part, None, hdr))
-                states = [await self.producer.send(t, k, v, p, None, None) for t, p, k, v in changelog or ()]
+                batches = await self._send_changelog(changelog or ())
                 last: dict[str, dict[int, int]] = {}
-                for fut in futures + states:
+                for fut, count in [(f, 1) for f in futures] + batches:
                     meta = await fut
-                    parts = last.setdefault(meta.topic, {})
-                    parts[meta.partition] = max(parts.get(meta.partition, -1), meta.offset)
+                    if meta is not None:  # (None: acks=0, nothing to know)
+                        parts = last.setdefault(meta.topic, {})
+                        # a batch's future says its first record's offset; its records follow in order
+                        parts[meta.partition] = max(parts.get(meta.partition, -1), meta.offset + count - 1)
                 return last
             except (KafkaError, ProducerSendError, OSError) as exc:
                 log.warning("send failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _send_changelog(self, changelog: Iterable[ChangelogRecord]) -> list[tuple[Any, int]]:
+        """Hand the changelog records to the producer as record batches, one or more per topic and
+        partition (one future each, with its count of records), instead of one send per record: a
+        lifecycle batch writes ~4 changelog records a task, and a send cost ~10 us of the worker's event
+        loop a record (Faust's send, aiokafka's, a future of its own), a batch's append ~1 us."""
+        by_partition: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
+        for topic, partition, key, value in changelog:
+            by_partition.setdefault((topic, partition), []).append((key, value))
+        if not by_partition:
+            return []
+        producer = self.producer._ensure_producer()  # aiokafka's, under Faust's
+        out: list[tuple[Any, int]] = []
+        for (topic, partition), records in by_partition.items():
+            batch, count = producer.create_batch(), 0
+            for key, value in records:
+                if batch.append(key=key, value=value, timestamp=None) is None:  # full: it goes, another starts
+                    out.append((await producer.send_batch(batch, topic, partition=partition), count))
+                    batch, count = producer.create_batch(), 0
+                    batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any record
+                count += 1
+            out.append((await producer.send_batch(batch, topic, partition=partition), count))
+        return out
 
     async def dead_letter(self, message: Any, reason: str, detected_by: str) -> None:
         headers = [

@@ -58,6 +58,7 @@ from taskstream.streams.worker import (
     Reports,
 )
 
+from taskstream import gc_policy
 from taskstream.settings import Settings, lanes_of
 
 log = logging.getLogger(__name__)
@@ -361,6 +362,8 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     async def _rebalanced(_sender: Any, *_: Any, **__: Any) -> None:
         # Inputs that arrived during the rebalance may have been skipped (connectors/faust_patches.py):
         # the waiting tasks ask their prerequisites again soon, not after their next recheck_ms.
+        if not rebalanced[0]:  # the first: what the worker built to start is never walked by the collector again
+            gc_policy.started()
         rebalanced[0] = time.monotonic()
         rebuilt[0] = 0.0
         tenure.rebalance_completed()

@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+from taskstream import gc_policy
 from taskstream.connectors import broker
 from taskstream.connectors import kafka as k
 from taskstream.connectors.services import ready_file
@@ -17,6 +18,7 @@ log = logging.getLogger("taskstream.serve")
 
 
 def _logging() -> None:
+    gc_policy.for_service()  # every long-running process sets up its logging first
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -75,6 +77,7 @@ def _run_projections(settings: Settings, runs: list[tuple[str, str, object, bool
             raise SystemExit("a projection thread stopped unexpectedly")
         if not ready_called and all(r.assigned.is_set() for r, _, _ in runners):
             ready_called = True
+            gc_policy.started()
             if on_ready:
                 on_ready()  # type: ignore[operator]
     for r, _, _ in runners:
@@ -129,12 +132,18 @@ def admission(settings: Settings, index: int) -> None:
 
     _logging()
     name = f"admission-{index}"
-    run_admitter(settings, index, on_ready=lambda: _touch(ready_file(settings, name)))
+
+    def ready() -> None:
+        gc_policy.started()
+        _touch(ready_file(settings, name))
+
+    run_admitter(settings, index, on_ready=ready)
 
 
 def worker(settings: Settings, index: int) -> None:
     from taskstream.streams.app import run_worker
 
+    gc_policy.for_service()
     run_worker(settings, index)
 
 

@@ -11,6 +11,7 @@ the JVMs), over the same interval.
 
 Each run also gives two hops per task, from the tasks' transition times in PostgreSQL (p10, p50, p90):
 claim request -> start (the claim's round trip and any wait for a slot) and start -> finish (the run).
+And the machine's busy and stolen shares over the run (/proc/stat), as bench/latency.py gives them.
 --set runs the stack with a setting changed (TASKSTREAM_<NAME>), to throughput-<pair>-set.json.
 --profile records the worker with py-spy (if installed) for that many seconds into
 bench/results/throughput-worker-<pair>-<workload>.stacks (raw stacks, not kept in git: profiles are
@@ -33,6 +34,8 @@ from _stack import (
     add_set_option,
     embedded_stack,
     kinds,
+    machine_shares,
+    machine_ticks,
     services,
     set_settings,
     settings_of,
@@ -97,6 +100,7 @@ def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]
         s = settings_of(env)
         pids = services(env)
         before = {name: tree_cpu(pid) for name, pid in pids.items()}
+        ticks = machine_ticks()
         spy = None
         stacks = RESULTS / f"throughput-worker-{kind}-{workload}.stacks"
         if profile and shutil.which("py-spy"):
@@ -128,6 +132,7 @@ def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]
             (others,) = conn.execute("SELECT count(*) FROM tasks WHERE status <> 'SUCCEEDED'").fetchone()  # type: ignore[misc]
             hops = {name: conn.execute(HOP.format(a=a, b=b)).fetchone()[0] for name, (a, b) in HOPS.items()}  # type: ignore[index]
         after = {name: tree_cpu(pid) for name, pid in pids.items()}
+        machine = machine_shares(ticks, machine_ticks())
         if spy is not None:
             spy.wait()
     took = float(last) - first_send if last is not None else None
@@ -145,6 +150,7 @@ def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]
         "cpu_ms_per_task": cpu,
         "cpu_ms_per_task_total": round(sum(cpu.values()), 3),
         "hop_ms_p10_p50_p90": {name: [round(float(x), 1) for x in v] if v else None for name, v in hops.items()},
+        "machine": machine,
     }
 
 

@@ -206,10 +206,22 @@ def statuses(stack: Stack, ids: Iterable[str]) -> dict[str, str]:
         return dict(got.fetchall())  # type: ignore[arg-type]
 
 
-def busy(stack: Stack, seconds: float) -> dict[str, str]:
-    """K tasks sleeping `seconds` (cpu 0.5 each), once the read model shows none of them waiting."""
-    _, ids = submit(stack, [{"name": f"busy{i}", "call": "time:sleep", "args": [seconds], "resources": {"cpu": 0.5}}
-                            for i in range(K)])  # fmt: skip
+def gated(gate: Path) -> list[str]:
+    """The argv of a task that runs until the file `gate` exists (two minutes at most). A test that needs
+    the worker busy while it looks opens the gate when it is done looking: a timed sleep could end first
+    on a slow machine and let the next tasks in."""
+    return ["sh", "-c", 'for i in $(seq 1200); do [ -e "$1" ] && exit 0; sleep 0.1; done; exit 1', "gated", str(gate)]
+
+
+def priority(stack: Stack, task_id: str) -> int | None:
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT priority FROM tasks WHERE task_id = %s::uuid", (task_id,)).fetchone()
+        return None if row is None else row[0]
+
+
+def busy(stack: Stack, gate: Path) -> dict[str, str]:
+    """K tasks running until `gate` exists (cpu 0.5 each), once the read model shows none of them waiting."""
+    _, ids = submit(stack, [{"name": f"busy{i}", "argv": gated(gate), "resources": {"cpu": 0.5}} for i in range(K)])
     wait_until(lambda: "READY" not in statuses(stack, ids.values()).values(), 30, "the busy tasks promoted")
     return ids
 
@@ -232,20 +244,22 @@ def most_at_once(spans: Iterable[tuple[int, int, float]]) -> float:
     return top
 
 
-def test_a_flood_waits_in_the_database_and_the_queue_never_holds_more_than_k(small: Stack) -> None:
+def test_a_flood_waits_in_the_database_and_the_queue_never_holds_more_than_k(small: Stack, tmp_path: Path) -> None:
     """While the worker is busy, a 40-task submission is still accepted and its tasks wait READY in the
     database; from the log, never more than K tasks were queued, claimed or running at once, and the
     tasks were queued in rank order: deadline (ready time + delay tolerance, to the second), then
     priority, highest first."""
-    blockers = busy(small, 3.0)
+    gate = tmp_path / "gate"
+    blockers = busy(small, gate)
     flood = [
         {"name": f"f{i}", "call": "time:sleep", "args": [0.05], "priority": i % 5,
          "delay_tolerance_s": 5 * (i % 2), "resources": {"cpu": 0.5}}
         for i in range(40)
     ]  # fmt: skip
     sid, ids = submit(small, flood)  # accepted while everything is busy
-    # they wait in the database (the busy tasks run for seconds yet)
-    wait_until(lambda: list(statuses(small, ids.values()).values()).count("READY") >= 35, 2.5, "35 waiting")
+    # they wait in the database while the busy tasks run
+    wait_until(lambda: list(statuses(small, ids.values()).values()).count("READY") >= 35, 30, "35 waiting")
+    gate.touch()
     wait_until(lambda: all_succeeded(small, sid, 40), 120, "every flood task to succeed")
     # the fifth busy task runs alone in its round, and the flood can be done in the other slot before it
     wait_until(lambda: set(statuses(small, blockers.values()).values()) == {"SUCCEEDED"}, 30, "the busy tasks")
@@ -270,17 +284,22 @@ def test_a_flood_waits_in_the_database_and_the_queue_never_holds_more_than_k(sma
     assert not late, [(spec[a]["name"], rank(a), spec[b]["name"], rank(b)) for a, b in late]
 
 
-def test_a_waiting_task_reprioritized_goes_first_and_one_cancelled_is_never_queued(small: Stack) -> None:
+def test_a_waiting_task_reprioritized_goes_first_and_one_cancelled_is_never_queued(
+    small: Stack, tmp_path: Path
+) -> None:
     """Reprioritizing or cancelling a task still in the database costs one row: the next promotion takes
     the reprioritized one before every other task of its deadline, and the cancelled one never reaches
     the queue (nothing depended on it; dependents of a cancelled task end cancelled, test_dispatch)."""
-    busy(small, 3.0)
+    gate = tmp_path / "gate"
+    busy(small, gate)
     sid, ids = submit(small, [{"name": f"w{i}", "call": "os:getpid"} for i in range(30)])
     wait_until(lambda: list(statuses(small, ids.values()).values()).count("READY") == 30, 30, "all 30 waiting")
     with Client(small.settings) as client:
         client.reprioritize(ids["w29"], 100)
         client.cancel(ids["w28"], "not needed after all")
     wait_until(lambda: statuses(small, [ids["w28"]])[ids["w28"]] == "CANCELLED", 30, "w28 cancelled")
+    wait_until(lambda: priority(small, ids["w29"]) == 100, 30, "w29 reprioritized")
+    gate.touch()
     others = [t for n, t in ids.items() if n != "w28"]
     wait_until(lambda: set(statuses(small, others).values()) == {"SUCCEEDED"}, 120, "the other 29 to succeed")
     log = history(small, set(ids.values()))
@@ -293,13 +312,16 @@ def test_a_waiting_task_reprioritized_goes_first_and_one_cancelled_is_never_queu
     assert peers and all(mine <= first(log[t], e.TaskQueued).event_ms for t in peers)  # type: ignore[union-attr]
 
 
-def test_a_queued_task_reprioritized_is_taken_back_and_ranked_again(small: Stack) -> None:
-    """One submission, so every task has the same deadline: K tasks of priority 10 that sleep (promoted
-    first: two run, one is claimed ahead, the rest queued), then 10 no-ops of priority 0. The tasks still
-    queued and unclaimed are reprioritized to -1: each is taken back (TaskUnqueued, READY again in the
-    read model), and queued again only after every no-op was (they now rank first); its stale queue
-    record, if claimed, is refused; it then runs once, as attempt 1 (the number given back)."""
-    tasks = [{"name": f"b{i}", "call": "time:sleep", "args": [3.0], "priority": 10, "resources": {"cpu": 0.5}}
+def test_a_queued_task_reprioritized_is_taken_back_and_ranked_again(small: Stack, tmp_path: Path) -> None:
+    """One submission, so every task has the same deadline: K tasks of priority 10 that wait for a gate
+    file (promoted first: two run, one is claimed ahead, the rest queued), then 10 no-ops of priority 0.
+    The tasks still queued and unclaimed are reprioritized to -1: each is taken back (TaskUnqueued, READY
+    again in the read model), and queued again only after every no-op was (they now rank first); its
+    stale queue record, if claimed, is refused; it then runs once, as attempt 1 (the number given back).
+    The gate opens only once they are READY again: with a timed sleep, a runner that finished before the
+    reprioritize arrived let a queued sleeper be claimed first, and it was never taken back."""
+    gate = tmp_path / "gate"
+    tasks = [{"name": f"b{i}", "argv": gated(gate), "priority": 10, "resources": {"cpu": 0.5}}
              for i in range(K)] + [{"name": f"n{i}", "call": "os:getpid"} for i in range(10)]  # fmt: skip
     sid, ids = submit(small, tasks)
     busy_ids = [ids[f"b{i}"] for i in range(K)]
@@ -315,6 +337,7 @@ def test_a_queued_task_reprioritized_is_taken_back_and_ranked_again(small: Stack
         for t in queued:
             client.reprioritize(t, -1)
     wait_until(lambda: set(statuses(small, queued).values()) == {"READY"}, 30, "the reprioritized tasks ready again")
+    gate.touch()
     wait_until(lambda: all_succeeded(small, sid, len(tasks)), 120, "every task to succeed")
     log = history(small, set(ids.values()))
     noops_queued = [first(log[ids[f"n{i}"]], e.TaskQueued).event_ms for i in range(10)]  # type: ignore[union-attr]

@@ -189,6 +189,22 @@ def neo4j_server(home: Path) -> Iterator[tuple[str, str, str]]:
         log.close()
 
 
+GATE_WAIT = (
+    "import os, sys, time\n"
+    "end = time.monotonic() + 120\n"
+    "while not os.path.exists(sys.argv[1]) and time.monotonic() < end:\n"
+    "    time.sleep(0.05)\n"
+    "sys.exit(0 if os.path.exists(sys.argv[1]) else 1)"
+)
+
+
+def gated(gate: Path) -> list[str]:
+    """The argv of a task that runs until the file `gate` exists (two minutes at most, then it fails). A
+    test that needs the worker's slots held while it looks creates the file when it is done looking: a
+    timed sleep can end first on a slow machine and let the next tasks in."""
+    return [sys.executable, "-c", GATE_WAIT, str(gate)]
+
+
 def wait_until(check: Callable[[], Any], timeout: float = 120, what: str = "condition", every: float = 0.3) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None

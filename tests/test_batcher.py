@@ -18,7 +18,7 @@ from taskstream.core import events as e
 from taskstream.core.batcher import Candidate, Offer, Promotions, margin, plan, room, route
 from taskstream.core.submission import parse_document
 from taskstream.sdk import Client
-from tests.conftest import Stack, running, wait_until
+from tests.conftest import Stack, gated, running, wait_until
 from tests.test_dispatch import Workers, all_succeeded, history, story, submit
 
 SMALL = Offer("w1", slots=4, claim_ahead=2, cpus=4.0, memory_mb=8192, gpus=0)
@@ -204,13 +204,6 @@ def statuses(stack: Stack, ids: Iterable[str]) -> dict[str, str]:
     with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
         got = conn.execute("SELECT task_id::text, status FROM tasks WHERE task_id = ANY(%s::uuid[])", (list(ids),))
         return dict(got.fetchall())  # type: ignore[arg-type]
-
-
-def gated(gate: Path) -> list[str]:
-    """The argv of a task that runs until the file `gate` exists (two minutes at most). A test that needs
-    the worker busy while it looks opens the gate when it is done looking: a timed sleep could end first
-    on a slow machine and let the next tasks in."""
-    return ["sh", "-c", 'for i in $(seq 1200); do [ -e "$1" ] && exit 0; sleep 0.1; done; exit 1', "gated", str(gate)]
 
 
 def priority(stack: Stack, task_id: str) -> int | None:

@@ -33,7 +33,7 @@ from taskstream.schemas import records as r
 from taskstream.core import events as e
 from taskstream.core.submission import parse_document
 from taskstream.sdk import Client
-from tests.conftest import Stack, running, wait_until
+from tests.conftest import Stack, gated, running, wait_until
 
 pytestmark = pytest.mark.stack
 SESSION_MS = 4000
@@ -368,8 +368,7 @@ def test_a_worker_alone_claims_ahead_for_itself_and_gives_the_excess_back_when_a
     by worker 0's own lifecycle."""
     gate = tmp_path / "go"  # every task waits for it: worker 0's slots stay full until worker 1 ran some
     a = workers.start(0)
-    wait_for_gate = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)"
-    tasks = [{"name": f"s{i}", "argv": [sys.executable, "-c", wait_for_gate, str(gate)]} for i in range(30)]
+    tasks = [{"name": f"s{i}", "argv": gated(gate)} for i in range(30)]
     sid, ids = submit(workerless, tasks)
 
     def claimed_by(w: subprocess.Popen[bytes], states: tuple[str, ...]) -> int:

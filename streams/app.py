@@ -68,6 +68,12 @@ RECHECK_AFTER_REBALANCE_MS = 3_000  # waiting tasks ask their prerequisites agai
 # The lifecycle takes its inputs in batches of at most this many (streams/gather.py): what has arrived
 # when it is free, gathered while it decided the batch before. One write and one wait per batch.
 LIFECYCLE_BATCH = 2_000
+# The largest record batch the worker's producer builds (aiokafka's default: 16 KiB). Its sender has one
+# request in flight to a broker, carrying at most one batch per partition: with 16 KiB batches and four
+# partitions a 10,000-task admission's changelog (~8 MB) took ~125 round trips, 0.8 s with the event
+# loop otherwise idle (docs/measurements.md, "A large admission in the worker"). The broker takes
+# batches up to its message.max.bytes (16 MiB here, 1 MiB by Kafka's default).
+PRODUCER_BATCH_BYTES = 512 * 1024
 
 
 def build_app(settings: Settings, index: int = 0) -> faust.App:
@@ -83,6 +89,7 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         topic_replication_factor=1,
         processing_guarantee="at_least_once",
         producer_linger_ms=1,
+        producer_max_batch_size=PRODUCER_BATCH_BYTES,
         broker_commit_interval=0.5,
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,

@@ -478,6 +478,25 @@ def test_a_task_record_reads_back_as_written_whether_or_not_its_spec_was_kept(on
     assert loads(raw_other).state.spec == other
 
 
+@given(specs())
+def test_the_hand_written_plain_spec_of_a_task_record_equals_the_generic_one(spec: Any) -> None:
+    """streams/state_codec.py writes a spec's stored form out by hand for speed; it must not drift from
+    the generic walk (a field added to TaskSpec and not to it fails here), down to the bytes stored, and
+    it shares nothing the spec holds."""
+    import orjson
+    from taskstream.schemas.codec import _plain
+    from taskstream.streams.state_codec import spec_json
+
+    env, labels = dict(spec.env), dict(spec.labels)
+    written, generic = spec_json(spec), _plain(spec)
+    assert written == generic
+    assert orjson.dumps(written) == orjson.dumps(generic)
+    written["env"]["ADDED"] = "x"
+    written["labels"]["added"] = "x"
+    written["resources"]["labels"]["added"] = "x"
+    assert spec.env == env and spec.labels == labels and "added" not in dict(spec.resources.labels)
+
+
 @given(specs(), st.lists(st.text(max_size=8), max_size=3), st.integers(0, 5))
 def test_a_kept_task_record_loads_as_decoded_and_is_never_shared(spec: Any, deps: list[str], rechecks: int) -> None:
     """streams/state_codec.py keeps the last record saved of each recent task with its bytes: a load of

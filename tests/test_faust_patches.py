@@ -344,3 +344,16 @@ def test_the_worker_s_app_keeps_as_many_standby_tables_as_the_setting_says(tmp_p
         {"TASKSTREAM_STATE_DIR": str(tmp_path / "b"), "TASKSTREAM_TABLE_STANDBY_REPLICAS": str(standbys)}
     )
     assert build_app(s).conf.table_standby_replicas == standbys
+
+
+def test_the_worker_s_producer_builds_large_record_batches_that_any_broker_takes(tmp_path: Any) -> None:
+    """The worker's producer builds record batches of up to PRODUCER_BATCH_BYTES (aiokafka's default is
+    16 KiB: a large admission's changelog went out in ~125 round trips), and a batch stays under the
+    1 MiB that a broker takes at Kafka's default message.max.bytes, so no broker refuses one."""
+    from taskstream.streams.app import PRODUCER_BATCH_BYTES, build_app
+
+    from taskstream.settings import Settings
+
+    app = build_app(Settings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:9"))
+    assert app.conf.producer_max_batch_size == PRODUCER_BATCH_BYTES
+    assert 16 * 1024 < PRODUCER_BATCH_BYTES < 1_048_588

@@ -12,6 +12,11 @@ the JVMs), over the same interval.
 Each run also gives two hops per task, from the tasks' transition times in PostgreSQL (p10, p50, p90):
 claim request -> start (the claim's round trip and any wait for a slot) and start -> finish (the run).
 And the machine's busy and stolen shares over the run (/proc/stat), as bench/latency.py gives them.
+And its phases (`phases`), from the same times: seconds from the first send until 1% of the tasks
+were queued and started (the ramp: the admission's, the owner's and the read model's work before a
+steady flow); the steady rate (the tasks started between the 10th and 90th percentile start,
+over that span); and the share of that span with no task starting for over 20 ms (the runners idle
+while claims wait for the event loop or for promotions).
 --set runs the stack with a setting changed (TASKSTREAM_<NAME>), to throughput-<pair>-set.json.
 --profile records the worker with py-spy (if installed) for that many seconds into
 bench/results/throughput-worker-<pair>-<workload>.stacks (raw stacks, not kept in git: profiles are
@@ -90,6 +95,30 @@ HOP = (
 )
 
 
+STARTS = "SELECT extract(epoch FROM started_at) FROM tasks WHERE started_at IS NOT NULL ORDER BY started_at"
+FIRSTS = "SELECT percentile_disc(0.01) WITHIN GROUP (ORDER BY extract(epoch FROM {c})) FROM tasks WHERE {c} IS NOT NULL"
+GAP_S = 0.02
+
+
+def phases(conn: Any, first_send: float) -> dict[str, Any]:
+    """The run's ramp, steady rate and idle share (the module's docstring)."""
+    firsts = {}
+    for name, col in (("queued", "queued_at"), ("started", "started_at")):
+        (at,) = conn.execute(FIRSTS.format(c=col)).fetchone()
+        firsts[name] = round(float(at) - first_send, 3) if at is not None else None
+    starts = [float(t) for (t,) in conn.execute(STARTS).fetchall()]
+    if len(starts) < 10:
+        return {"s_until_1pct": firsts}
+    lo, hi = starts[len(starts) // 10], starts[len(starts) * 9 // 10]
+    steady = [t for t in starts if lo <= t <= hi]
+    idle = sum(b - a for a, b in zip(steady, steady[1:], strict=False) if b - a > GAP_S)
+    return {
+        "s_until_1pct": firsts,
+        "steady_tasks_per_second": round((len(steady) - 1) / (hi - lo), 1) if hi > lo else None,
+        "steady_share_without_a_start_over_20ms": round(idle / (hi - lo), 3) if hi > lo else None,
+    }
+
+
 def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]) -> dict[str, Any]:
     import psycopg
 
@@ -131,6 +160,7 @@ def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]
             (last,) = conn.execute("SELECT extract(epoch FROM max(finished_at)) FROM tasks").fetchone()  # type: ignore[misc]
             (others,) = conn.execute("SELECT count(*) FROM tasks WHERE status <> 'SUCCEEDED'").fetchone()  # type: ignore[misc]
             hops = {name: conn.execute(HOP.format(a=a, b=b)).fetchone()[0] for name, (a, b) in HOPS.items()}  # type: ignore[index]
+            shape = phases(conn, first_send)
         after = {name: tree_cpu(pid) for name, pid in pids.items()}
         machine = machine_shares(ticks, machine_ticks())
         if spy is not None:
@@ -150,6 +180,7 @@ def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]
         "cpu_ms_per_task": cpu,
         "cpu_ms_per_task_total": round(sum(cpu.values()), 3),
         "hop_ms_p10_p50_p90": {name: [round(float(x), 1) for x in v] if v else None for name, v in hops.items()},
+        "phases": shape,
         "machine": machine,
     }
 

@@ -70,8 +70,8 @@ RECHECK_AFTER_REBALANCE_MS = 3_000  # waiting tasks ask their prerequisites agai
 LIFECYCLE_BATCH = 2_000
 # The largest record batch the worker's producer builds (aiokafka's default: 16 KiB). Its sender has one
 # request in flight to a broker, carrying at most one batch per partition: with 16 KiB batches and four
-# partitions a 10,000-task admission's changelog (~8 MB) took ~125 round trips, 0.8 s with the event
-# loop otherwise idle (docs/measurements.md, "A large admission in the worker"). The broker takes
+# partitions a 10,000-task admission's changelog (~7.6 MB) took ~120 round trips, 0.8 s with the event
+# loop otherwise idle (docs/measurements.md, "A large admission's write"). The broker takes
 # batches up to its message.max.bytes (16 MiB here, 1 MiB by Kafka's default).
 PRODUCER_BATCH_BYTES = 512 * 1024
 

@@ -202,9 +202,11 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     def written(records: list[Any], offsets: dict[int, int]) -> None:
         """The lifecycle's events, durable: to this worker's claim waiter, which reads only what other
-        workers decide from the broker."""
+        workers decide from the broker, and to its batcher."""
         if "w" in waiter_holder:
             waiter_holder["w"].written(records, offsets)
+        if "batcher" in waiter_holder:  # and to the batcher here: the read model says it later
+            waiter_holder["batcher"].heard(records)
 
     @app.task
     async def claim_waiter() -> None:
@@ -283,7 +285,8 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
         @app.task
         async def batcher() -> None:
-            await Batcher(ctx(), app.is_leader).run()
+            waiter_holder["batcher"] = Batcher(ctx(), app.is_leader, inbox())
+            await waiter_holder["batcher"].run()
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def _revoked(_sender: Any, *_: Any, **__: Any) -> None:

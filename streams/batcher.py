@@ -16,6 +16,15 @@ One batcher runs at a time: the Faust worker that is the group's leader. Its suc
 rebalance starts from the read model alone. A promotion the read model does not show yet is counted
 as taken from the moment it is sent until the row says the task is no longer READY (or PROMOTED_KEPT_S
 passes, after which the task may be promoted again: its owner ignores a second promotion).
+
+The read model lags its owners, by seconds in a flood. What the owners on the batcher's own worker
+decide reaches it fresher, as their events become durable (`heard`): a task they saw end, or go back to
+ready, is not counted as taken although its row still says so (core/batcher.py Departures), and a
+promotion it saw end is no longer counted either. The promotions of tasks whose partition that worker
+holds are handed to its owners in-process (streams/inbox.py), as the executors' reports are: through the
+broker they waited seconds behind a flood of admissions in the worker's consumer. Neither is logged:
+a promotion lost with its worker leaves the task READY, and the next round, or the next batcher,
+promotes it again.
 """
 
 from __future__ import annotations
@@ -35,8 +44,22 @@ from aiokafka.errors import KafkaError
 from taskstream.projections.pg import BATCHER_CHANNEL
 from taskstream.schemas import records as r
 from taskstream.streams.context import Context
+from taskstream.streams.inbox import Inbox
 
-from taskstream.core.batcher import DEFAULT_LANE, Candidate, Gate, Offer, Promotions, gate, margin, plan, room, route
+from taskstream.core import events as e
+from taskstream.core.batcher import (
+    DEFAULT_LANE,
+    Candidate,
+    Departures,
+    Gate,
+    Offer,
+    Promotions,
+    gate,
+    margin,
+    plan,
+    room,
+    route,
+)
 from taskstream.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,7 +67,10 @@ PROMOTED_KEPT_S = 30.0
 TOO_BIG_KEPT = 10_000  # tasks reported as fitting no live worker, remembered so each is logged once
 NOT_LEADER_WAIT_S = 0.5
 
-TAKEN = "SELECT tenant, count(*) FROM tasks WHERE status IN ('QUEUED', 'CLAIMED', 'RUNNING') GROUP BY tenant"
+TAKEN = "SELECT task_id::text, tenant FROM tasks WHERE status IN ('QUEUED', 'CLAIMED', 'RUNNING')"
+# The events by which a task leaves QUEUED, CLAIMED and RUNNING (core/machine.py evolve), and the one by
+# which it enters them.
+LEAVING = (e.TaskSucceeded, e.TaskRetryScheduled, e.TaskDeadLettered, e.TaskCancelled, e.TaskReady, e.TaskUnqueued)
 TENANTS = "SELECT tenant, max_running, weight FROM tenants ORDER BY last_submission DESC NULLS LAST"
 GATE_TENANTS = 10_000  # uncapped tenants named in the gate at most (the most recent submitters): the others wait
 QUEUED_BY_LANE = "SELECT lane, count(*) FROM tasks WHERE status = 'QUEUED' GROUP BY lane"
@@ -67,9 +93,10 @@ CANDIDATES = (
 
 
 class Batcher:
-    def __init__(self, ctx: Context, is_leader: Callable[[], bool]) -> None:
+    def __init__(self, ctx: Context, is_leader: Callable[[], bool], inbox: Inbox | None = None) -> None:
         self.ctx = ctx
         self.is_leader = is_leader
+        self.inbox = inbox  # this worker's owners' inbox: promotions of the partitions they hold go there
         # task id -> (tenant, lane, when sent), not yet seen queued
         self.promoted: dict[str, tuple[str, str, float]] = {}
         self.too_big: OrderedDict[str, None] = OrderedDict()
@@ -78,6 +105,7 @@ class Batcher:
         self.gate = Gate(open=False)  # what the last round says to the owners (core/batcher.py Gate)
         self._said: tuple[Gate, float] | None = None  # the gate last published, and when (monotonic)
         self.moved: dict[str, float] = {}  # stranded task id -> when its move was sent (monotonic)
+        self.departed = Departures(PROMOTED_KEPT_S)  # seen leaving the working statuses, fresher than the rows
 
     async def run(self) -> None:
         s = self.ctx.settings
@@ -168,7 +196,7 @@ class Batcher:
         if not offers:
             return []
         await self._forget_queued(conn)
-        taken = dict(await (await conn.execute(TAKEN)).fetchall())
+        taken = await self.taken(conn)
         in_flight: dict[str, int] = {}
         for tenant, _, _ in self.promoted.values():
             in_flight[tenant] = in_flight.get(tenant, 0) + 1
@@ -196,6 +224,17 @@ class Batcher:
         log.debug("batcher: %d of %d candidates chosen (K %d)", len(chosen), len(candidates), k)
         return chosen
 
+    async def taken(self, conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+        """Per tenant, the tasks queued, claimed or running as the read model says, less those this
+        worker's owners saw leave since (`heard`) and those promoted and not seen queued (counted on
+        their own)."""
+        self.departed.expire(time.monotonic())
+        taken: dict[str, int] = {}
+        for tid, tenant in await (await conn.execute(TAKEN)).fetchall():
+            if tid not in self.departed and tid not in self.promoted:
+                taken[tenant] = taken.get(tenant, 0) + 1
+        return taken
+
     async def route(
         self, conn: psycopg.AsyncConnection[Any], chosen: list[Candidate], offers: list[Offer]
     ) -> list[str]:
@@ -210,17 +249,42 @@ class Batcher:
 
     async def promote(self, chosen: list[Candidate], lanes: list[str] | None = None) -> None:
         """Send each chosen task's owner a Promote into its lane (the default lane if none is given;
-        those of one partition in one record), and count them as taken until the read model shows them
-        queued."""
+        those of one partition in one record; those this worker's owners hold in-process), and count
+        them as taken until the read model shows them queued, or their owner here saw them leave."""
         at = self.ctx.now_ms()
         lanes = lanes or [self.ctx.settings.lane] * len(chosen)
         recs = [self.ctx.input(c.task_id, at, r.Promote(lane), f"{c.task_id}:promote:{at}")
                 for c, lane in zip(chosen, lanes, strict=True)]  # fmt: skip
-        await self.ctx.send_all(self.ctx.inputs_packed(recs))
+        if self.inbox is not None:
+            handed = self.inbox.local(recs)
+            for local in handed:
+                if local is not None:
+                    self.inbox.put(local).add_done_callback(_decided)
+            recs = [rec for rec, local in zip(recs, handed, strict=True) if local is None]
+        if recs:
+            await self.ctx.send_all(self.ctx.inputs_packed(recs))
         sent = time.monotonic()
         for c, lane in zip(chosen, lanes, strict=True):
             self.promoted[c.task_id] = (c.tenant, lane, sent)
         self.promotions.add(sent, len(chosen))
+
+    def heard(self, records: list[r.EventRecord]) -> None:
+        """Events this worker's owners wrote, durable now, in the order decided: a task that left the
+        working statuses is not counted as taken from now on, whatever its row says (until the read
+        model has had PROMOTED_KEPT_S to show it); one queued again is."""
+        if not self.is_leader():
+            return  # a later tenure starts from the read model
+        now = time.monotonic()
+        self.departed.expire(now)
+        for rec in records:
+            tid = rec.task_id
+            if tid is None:
+                continue
+            if isinstance(rec.payload, LEAVING):
+                self.departed.leave(tid, now)
+                self.promoted.pop(tid, None)
+            elif type(rec.payload) is e.TaskQueued:
+                self.departed.back(tid)
 
     async def say_gate(self) -> None:
         """Publish the gate on the workers topic, which every worker follows (`Adverts.gate`): when it
@@ -260,6 +324,13 @@ class Batcher:
                 ", ".join(f"{o.worker}: {o.cpus:g} cpus, {o.memory_mb} MB, {o.gpus} gpus{_labels(o.labels, ', ')}"
                           for o in offers),
             )  # fmt: skip
+
+
+def _decided(fut: asyncio.Future[None]) -> None:
+    """A promotion handed over in-process that could not be decided: the task stays READY, and is
+    promoted again once PROMOTED_KEPT_S has passed (or by the next batcher)."""
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("batcher: a promotion handed to this worker's owner was not decided (%s)", fut.exception())
 
 
 def _labels(pairs: tuple[tuple[str, str], ...], sep: str) -> str:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from taskstream.schemas import records as r
 
 from taskstream.core import events as e
-from taskstream.core.batcher import Candidate, Offer, Promotions, margin, plan, room, route
+from taskstream.core.batcher import Candidate, Departures, Offer, Promotions, margin, plan, room, route
 from taskstream.core.submission import parse_document
 from taskstream.sdk import Client
 from tests.conftest import Stack, gated, running, wait_until
@@ -67,6 +67,26 @@ def test_the_rate_of_a_burst_after_a_quiet_spell_is_its_own() -> None:
     assert p.rate(102.0) == 300.0  # 600 over the 2 s since the burst began, not over the whole window
     p.add(110.0, 10)
     assert p.rate(110.0) == 10.0  # the burst is out of the window: the next round's alone
+
+
+def test_a_task_seen_leaving_is_remembered_until_the_read_model_has_had_time_to_show_it() -> None:
+    d = Departures(keep_s=30.0)
+    d.leave("a", 100.0)
+    d.leave("b", 110.0)
+    assert "a" in d and "b" in d and "c" not in d
+    d.back("b")  # queued again (a retry): working again
+    assert "b" not in d
+    d.expire(129.0)
+    assert "a" in d
+    d.expire(131.0)  # 30 s on: the read model speaks for it again
+    assert "a" not in d and len(d) == 0
+    d.leave("c", 140.0)
+    d.back("c")
+    d.leave("c", 160.0)  # left again later: kept from then, not from the first time
+    d.expire(175.0)
+    assert "c" in d
+    d.expire(191.0)
+    assert "c" not in d
 
 
 def test_one_tenant_gets_the_top_k_in_rank_order() -> None:
@@ -413,6 +433,49 @@ def idle(stack: Stack, gate_open: bool, promoted: Iterable[str] = ()) -> bool:
         batcher.promoted = {task: ("dispatch", "default", 0.0) for task in promoted}
         async with await psycopg.AsyncConnection.connect(stack.settings.dsn, autocommit=True) as conn:
             return await batcher.idle(conn)
+
+    return asyncio.run(ask())
+
+
+def test_tasks_the_owners_here_saw_leave_are_not_taken_though_the_read_model_still_says_so(
+    small: Stack, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    ids = list(busy(small, gate).values())
+    working = {"QUEUED", "CLAIMED", "RUNNING"}
+    wait_until(lambda: set(statuses(small, ids).values()) <= working and len(statuses(small, ids)) == K, 30, "busy")
+    try:
+        before = taken(small, [])
+        assert before.get("dispatch", 0) >= K  # the busy ones, as the read model says
+        ended = [event(tid, e.TaskSucceeded("c", 0, "", 1)) for tid in ids[:2]]
+        assert taken(small, ended) == {**before, "dispatch": before["dispatch"] - 2}
+        # one of them queued again after (a retry): working again
+        assert taken(small, [*ended, event(ids[0], e.TaskQueued(2, "default"))])["dispatch"] == before["dispatch"] - 1
+        # a promotion on its way is counted on its own, not twice
+        assert taken(small, [], promoted=ids[2:3])["dispatch"] == before["dispatch"] - 1
+    finally:
+        gate.touch()
+    wait_until(lambda: set(statuses(small, ids).values()) == {"SUCCEEDED"}, 60, "the busy tasks done")
+
+
+def event(task_id: str, payload: Any) -> r.EventRecord:
+    return r.EventRecord(f"{task_id}:test", task_id, "test", 9, 0, "test", payload)
+
+
+def taken(stack: Stack, heard: list[r.EventRecord], promoted: Iterable[str] = ()) -> dict[str, int]:
+    """What the batcher (streams/batcher.py) counts as taken per tenant on the stack's read model as it is
+    now, having heard `heard` from its owners."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from taskstream.streams.batcher import Batcher
+
+    async def ask() -> dict[str, int]:
+        batcher = Batcher(SimpleNamespace(settings=stack.settings), lambda: True)  # type: ignore[arg-type]
+        batcher.promoted = {task: ("dispatch", "default", 0.0) for task in promoted}
+        batcher.heard(heard)
+        async with await psycopg.AsyncConnection.connect(stack.settings.dsn, autocommit=True) as conn:
+            return await batcher.taken(conn)
 
     return asyncio.run(ask())
 

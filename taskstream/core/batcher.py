@@ -105,6 +105,39 @@ class Promotions:
         return self.total / max(RATE_FLOOR_S, now - self.seen[0][0])
 
 
+class Departures:
+    """The tasks seen leaving the working statuses (queued, claimed, running: ended, or back to ready) as
+    their owners' events became durable, remembered for `keep_s`: long enough for the read model to
+    show it, after which it speaks for them again. While the read model lags (its projector seconds
+    behind in a flood of one-task submissions), it counts as taken tasks that have ended, and the
+    rounds promoted a few dozen tasks at a time while the workers waited (docs/measurements.md, "A
+    flood's promotions"). A task queued again (a retry) is working again. Times are the caller's."""
+
+    def __init__(self, keep_s: float) -> None:
+        self.keep_s = keep_s
+        self.left: dict[str, float] = {}  # task id -> when it was seen leaving
+        self.order: deque[tuple[float, str]] = deque()
+
+    def leave(self, task_id: str, at: float) -> None:
+        self.left[task_id] = at
+        self.order.append((at, task_id))
+
+    def back(self, task_id: str) -> None:
+        self.left.pop(task_id, None)
+
+    def expire(self, now: float) -> None:
+        while self.order and self.order[0][0] < now - self.keep_s:
+            at, task_id = self.order.popleft()
+            if self.left.get(task_id) == at:
+                del self.left[task_id]
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self.left
+
+    def __len__(self) -> int:
+        return len(self.left)
+
+
 def room(offers: Iterable[Offer], batch_ahead: int, occupied: int) -> int:
     """K: what the live workers can take, less what is queued, claimed or running (or promoted and not
     yet seen queued)."""

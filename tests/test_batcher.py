@@ -459,13 +459,13 @@ def test_tasks_the_owners_here_saw_leave_are_not_taken_though_the_read_model_sti
     wait_until(lambda: set(statuses(small, ids).values()) == {"SUCCEEDED"}, 60, "the busy tasks done")
 
 
-def test_a_task_the_owners_here_saw_end_wakes_a_round_while_tasks_wait_for_room_and_not_otherwise(
+def test_tasks_the_owners_here_saw_end_wake_a_round_while_tasks_wait_for_room_and_not_otherwise(
     small: Stack,
 ) -> None:
     import asyncio
     from types import SimpleNamespace
 
-    from taskstream.streams.batcher import Batcher
+    from taskstream.streams.batcher import NEWS_AFTER, Batcher
 
     from taskstream.core.batcher import Gate
 
@@ -477,10 +477,10 @@ def test_a_task_the_owners_here_saw_end_wakes_a_round_while_tasks_wait_for_room_
             batcher.heard(heard)
             return await batcher._news(conn, wait_s)
 
-    ended = [event("00000000-0000-4000-8000-000000000001", e.TaskSucceeded("c", 0, "", 1))]
+    ended = [event(f"00000000-0000-4000-8000-{i:012d}", e.TaskSucceeded("c", 0, "", 1)) for i in range(NEWS_AFTER)]
     # the stack is idle: no notice of the projector's comes, so only the owners' news can end the wait
     assert asyncio.run(news(False, ended, 30.0)) is True
-    assert asyncio.run(news(False, [], 0.3)) is False
+    assert asyncio.run(news(False, ended[1:], 0.3)) is False  # one fewer: not worth a round of its own
     assert asyncio.run(news(True, ended, 0.3)) is False  # the gate open: nothing waits for room
 
 

@@ -7,8 +7,7 @@ ready candidates by deadline and priority; the pure plan picks at most K; each p
 task's owner as a Promote input (those of one partition in one record), and the owner queues it if it
 is still READY. A round runs when the PG
 projector says something it counts changed (NOTIFY in the transaction that changed it: a task ready,
-queued or ended), when the owners on its own worker saw NEWS_AFTER tasks leave while tasks wait for
-room (`heard`, below), and at least every batcher_interval_ms (a worker that comes or goes). A notice finds
+queued or ended), and at least every batcher_interval_ms (a worker that comes or goes). A notice finds
 nothing to do while the gate is open and nothing is READY (the owners claim each task as it becomes
 ready, and one that ends frees room nobody waits for): then one cheap query stands for the round
 (`idle`).
@@ -67,11 +66,6 @@ log = logging.getLogger(__name__)
 PROMOTED_KEPT_S = 30.0
 TOO_BIG_KEPT = 10_000  # tasks reported as fitting no live worker, remembered so each is logged once
 NOT_LEADER_WAIT_S = 0.5
-HEARD_EVERY_S = 0.02  # how often a wait for the projector's notice looks for the owners' news (`Batcher._news`)
-ROUND_GAP_S = 0.05  # a round the owners' news asks for begins at least this long after the last began
-# ... and only once this many tasks left since the last round: at 192 one-task submissions/s a round at
-# every one that ended (every 50 ms) put the p99 from submit to start at 0.6-1.7 s against 0.6-0.8
-NEWS_AFTER = 64
 
 TAKEN = "SELECT task_id::text, tenant FROM tasks WHERE status IN ('QUEUED', 'CLAIMED', 'RUNNING')"
 # The events by which a task leaves QUEUED, CLAIMED and RUNNING (core/machine.py evolve), and the one by
@@ -112,9 +106,6 @@ class Batcher:
         self._said: tuple[Gate, float] | None = None  # the gate last published, and when (monotonic)
         self.moved: dict[str, float] = {}  # stranded task id -> when its move was sent (monotonic)
         self.departed = Departures(PROMOTED_KEPT_S)  # seen leaving the working statuses, fresher than the rows
-        self.news = asyncio.Event()  # set by `heard`: room came free while tasks wait for it
-        self.freed = 0  # tasks seen leaving since the last round began
-        self._last_round = 0.0  # when the last round began (monotonic)
 
     async def run(self) -> None:
         s = self.ctx.settings
@@ -135,11 +126,10 @@ class Batcher:
                         # a notice while nothing waits makes no round; one round every interval at least
                         recent = time.monotonic() - last < interval
                         if not (noticed and recent and await self.idle(conn)):
-                            last = self._last_round = time.monotonic()
-                            self.freed = 0
+                            last = time.monotonic()
                             await self.round(conn, adverts.live())
                         await self.say_gate()
-                        noticed = await self._news(conn, interval)
+                        noticed = await _news(conn, interval)
             except (psycopg.OperationalError, psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as exc:
                 log.warning("batcher: the read model is not reachable (%s); trying again in 1s", exc)
                 await asyncio.sleep(1.0)
@@ -278,25 +268,6 @@ class Batcher:
             self.promoted[c.task_id] = (c.tenant, lane, sent)
         self.promotions.add(sent, len(chosen))
 
-    async def _news(self, conn: psycopg.AsyncConnection[Any], timeout_s: float) -> bool:
-        """Wait until the projector says something changed, or this worker's owners saw NEWS_AFTER tasks
-        leave since the last round while tasks wait for room (`heard`): True; or `timeout_s`: False.
-        The owners' news comes a projection earlier; it is looked for every HEARD_EVERY_S while the
-        gate is closed, and the next round waits until ROUND_GAP_S after the last (a round per
-        lifecycle batch would cost more than it gains)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.news.is_set():
-                self.news.clear()
-                await _notified(conn, 0.0)
-                await asyncio.sleep(max(0.0, self._last_round + ROUND_GAP_S - time.monotonic()))
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if await _notified(conn, left if self.gate.open else min(left, HEARD_EVERY_S)):
-                return True
-
     def heard(self, records: list[r.EventRecord]) -> None:
         """Events this worker's owners wrote, durable now, in the order decided: a task that left the
         working statuses is not counted as taken from now on, whatever its row says (until the read
@@ -312,9 +283,6 @@ class Batcher:
             if isinstance(rec.payload, LEAVING):
                 self.departed.leave(tid, now)
                 self.promoted.pop(tid, None)
-                self.freed += 1
-                if not self.gate.open and self.freed >= NEWS_AFTER:  # tasks wait for room, and there is more
-                    self.news.set()
             elif type(rec.payload) is e.TaskQueued:
                 self.departed.back(tid)
 
@@ -369,9 +337,9 @@ def _labels(pairs: tuple[tuple[str, str], ...], sep: str) -> str:
     return f"{sep}labels {','.join(f'{k}={v}' for k, v in pairs)}" if pairs else ""
 
 
-async def _notified(conn: psycopg.AsyncConnection[Any], timeout_s: float) -> bool:
-    """Whether the projector said something changed within `timeout_s`; then take every notice already
-    there, so a burst of them makes one round."""
+async def _news(conn: psycopg.AsyncConnection[Any], timeout_s: float) -> bool:
+    """Wait until the projector says something changed (True), or `timeout_s` (False); then take every
+    notice already there, so a burst of them makes one round."""
     noticed = False
     async for _ in conn.notifies(timeout=timeout_s, stop_after=1):
         noticed = True

@@ -12,7 +12,6 @@ import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from taskstream.projections.pg import BATCHER_CHANNEL
 from taskstream.schemas import records as r
 
 from taskstream.core import events as e
@@ -457,31 +456,6 @@ def test_tasks_the_owners_here_saw_leave_are_not_taken_though_the_read_model_sti
     finally:
         gate.touch()
     wait_until(lambda: set(statuses(small, ids).values()) == {"SUCCEEDED"}, 60, "the busy tasks done")
-
-
-def test_tasks_the_owners_here_saw_end_wake_a_round_while_tasks_wait_for_room_and_not_otherwise(
-    small: Stack,
-) -> None:
-    import asyncio
-    from types import SimpleNamespace
-
-    from taskstream.streams.batcher import NEWS_AFTER, Batcher
-
-    from taskstream.core.batcher import Gate
-
-    async def news(gate_open: bool, heard: list[r.EventRecord], wait_s: float) -> bool:
-        batcher = Batcher(SimpleNamespace(settings=small.settings), lambda: True)  # type: ignore[arg-type]
-        batcher.gate = Gate(open=gate_open)
-        async with await psycopg.AsyncConnection.connect(small.settings.dsn, autocommit=True) as conn:
-            await conn.execute(f"LISTEN {BATCHER_CHANNEL}".encode())
-            batcher.heard(heard)
-            return await batcher._news(conn, wait_s)
-
-    ended = [event(f"00000000-0000-4000-8000-{i:012d}", e.TaskSucceeded("c", 0, "", 1)) for i in range(NEWS_AFTER)]
-    # the stack is idle: no notice of the projector's comes, so only the owners' news can end the wait
-    assert asyncio.run(news(False, ended, 30.0)) is True
-    assert asyncio.run(news(False, ended[1:], 0.3)) is False  # one fewer: not worth a round of its own
-    assert asyncio.run(news(True, ended, 0.3)) is False  # the gate open: nothing waits for room
 
 
 def event(task_id: str, payload: Any) -> r.EventRecord:

@@ -21,10 +21,10 @@ The read model lags its owners, by seconds in a flood. What the owners on the ba
 decide reaches it fresher, as their events become durable (`heard`): a task they saw end, or go back to
 ready, is not counted as taken although its row still says so (core/batcher.py Departures), and a
 promotion it saw end is no longer counted either. The promotions of tasks whose partition that worker
-holds are handed to its owners in-process (streams/inbox.py), as the executors' reports are: through the
-broker they waited seconds behind a flood of admissions in the worker's consumer. Neither is logged:
-a promotion lost with its worker leaves the task READY, and the next round, or the next batcher,
-promotes it again.
+holds are also handed to its owners in-process (streams/inbox.py), as the owners' signals to each
+other are: through the broker alone they waited seconds behind a flood of admissions in the worker's
+consumer. They are written all the same (the log keeps every promotion), and the copy from the log
+changes nothing (a task no longer READY is not queued again).
 """
 
 from __future__ import annotations
@@ -255,14 +255,11 @@ class Batcher:
         lanes = lanes or [self.ctx.settings.lane] * len(chosen)
         recs = [self.ctx.input(c.task_id, at, r.Promote(lane), f"{c.task_id}:promote:{at}")
                 for c, lane in zip(chosen, lanes, strict=True)]  # fmt: skip
-        if self.inbox is not None:
-            handed = self.inbox.local(recs)
-            for local in handed:
+        if self.inbox is not None:  # decided without waiting for the broker's copy, which then changes nothing
+            for local in self.inbox.local(recs, logged=True):
                 if local is not None:
                     self.inbox.put(local).add_done_callback(_decided)
-            recs = [rec for rec, local in zip(recs, handed, strict=True) if local is None]
-        if recs:
-            await self.ctx.send_all(self.ctx.inputs_packed(recs))
+        await self.ctx.send_all(self.ctx.inputs_packed(recs))  # every promotion in the log, as before
         sent = time.monotonic()
         for c, lane in zip(chosen, lanes, strict=True):
             self.promoted[c.task_id] = (c.tenant, lane, sent)
@@ -327,8 +324,8 @@ class Batcher:
 
 
 def _decided(fut: asyncio.Future[None]) -> None:
-    """A promotion handed over in-process that could not be decided: the task stays READY, and is
-    promoted again once PROMOTED_KEPT_S has passed (or by the next batcher)."""
+    """A promotion handed over in-process that could not be decided: its copy in the log is decided
+    later, as any input (and the task, if still READY, promoted again after PROMOTED_KEPT_S)."""
     if not fut.cancelled() and fut.exception() is not None:
         log.warning("batcher: a promotion handed to this worker's owner was not decided (%s)", fut.exception())
 

@@ -68,8 +68,8 @@ TOO_BIG_KEPT = 10_000  # tasks reported as fitting no live worker, remembered so
 NOT_LEADER_WAIT_S = 0.5
 
 TAKEN = "SELECT task_id::text, tenant FROM tasks WHERE status IN ('QUEUED', 'CLAIMED', 'RUNNING')"
-# The events by which a task leaves QUEUED, CLAIMED and RUNNING (core/machine.py evolve), and the one by
-# which it enters them.
+# The events by which a task leaves QUEUED, CLAIMED and RUNNING (core/machine.py evolve); TaskQueued is
+# the one by which it enters them again (`Batcher.heard`).
 LEAVING = (e.TaskSucceeded, e.TaskRetryScheduled, e.TaskDeadLettered, e.TaskCancelled, e.TaskReady, e.TaskUnqueued)
 TENANTS = "SELECT tenant, max_running, weight FROM tenants ORDER BY last_submission DESC NULLS LAST"
 GATE_TENANTS = 10_000  # uncapped tenants named in the gate at most (the most recent submitters): the others wait

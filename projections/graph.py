@@ -136,7 +136,7 @@ def graph_writes(records: Iterable[r.EventRecord]) -> GraphWrites:
                         "id": t.task_id,
                         "name": t.spec.name,
                         "tenant": t.spec.tenant,
-                        "submission_id": rec.submission_id,
+                        "submission_id": t.submission(rec),
                         "status": Status.WAITING.value,
                         "version": 2,
                     }

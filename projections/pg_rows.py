@@ -215,7 +215,7 @@ def fold(records: Iterable[r.EventRecord]) -> PgWrites:
                 if folded.get(t.task_id, 0) >= 2:
                     continue
                 folded[t.task_id] = 2
-                w.new_tasks.setdefault(t.task_id, _admitted_row(t.task_id, rec.submission_id, t.spec, at))
+                w.new_tasks.setdefault(t.task_id, _admitted_row(t.task_id, t.submission(rec), t.spec, at))
                 _seen(w.tenants, t.spec.tenant, at)
             continue
         tid = rec.task_id

@@ -166,7 +166,9 @@ def _typed(cls: type, d: dict[str, Any]) -> Any:
         kw["errors"] = tuple(r.FieldProblem(**p) for p in kw["errors"])
     if cls is r.TasksAdmitted:
         kw["tasks"] = tuple(
-            r.AdmittedTask(t["task_id"], spec_from(t["spec"]), tuple(t["dependents"]), tuple(t["references"]))
+            r.AdmittedTask(
+                t["task_id"], spec_from(t["spec"]), tuple(t["dependents"]), tuple(t["references"]), t["submission_id"]
+            )
             for t in kw["tasks"]
         )
     if cls is r.Inputs:
@@ -254,6 +256,7 @@ def _union(obj: Any) -> tuple[str, dict[str, Any]]:
                 "spec": _spec_avro(a.spec),
                 "dependents": a.dependents,
                 "references": a.references,
+                "submission_id": a.submission_id,
             }
             for a in obj.tasks
         ]

@@ -110,6 +110,11 @@ class AdmittedTask:
     spec: TaskSpec
     dependents: tuple[str, ...] = ()  # tasks of the same submission that depend on this one
     references: tuple[str, ...] = ()  # dependencies on tasks of other submissions
+    submission_id: str | None = None  # its submission, when not the record's (see `TasksAdmitted`)
+
+    def submission(self, rec: EventRecord) -> str:
+        """The id of the submission this task came with, in the record `rec` that carries it."""
+        return self.submission_id or rec.submission_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +208,11 @@ def task_events(rec: EventRecord) -> list[EventRecord]:
                             m.payload) for m in p.events]  # fmt: skip
     if type(p) is not TasksAdmitted:
         return [rec]
-    sid, at, node = rec.submission_id, rec.event_ms, rec.node
+    at, node = rec.event_ms, rec.node
     admitted = ev.TaskAdmitted(node=p.node)
     out: list[EventRecord] = []
     for t in p.tasks:
-        tid = t.task_id
+        tid, sid = t.task_id, t.submission_id or rec.submission_id
         out.append(EventRecord(f"{tid}:1", tid, sid, 1, at, node, ev.TaskSubmitted(submission_id=sid, spec=t.spec)))
         out.append(EventRecord(f"{tid}:2", tid, sid, 2, at, node, admitted))
     return out

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections import ChainMap
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from taskstream.schemas import records as r
@@ -82,16 +82,48 @@ class Admitted:
 
     def records(self, task_partition: Callable[[str], int]) -> list[Send]:
         """Packed TasksAdmitted records: one per events partition and CHUNK_TASKS tasks."""
-        sends: list[Send] = []
-        sid, node = self.submission_id, self.node
-        for part, tasks in _by_partition(self.resolved(), self.ids, task_partition):
+        return packed_admissions([self], task_partition)
+
+
+_Piece = tuple[Admitted, str, tuple[r.AdmittedTask, ...]]  # (its submission, its own event id, its tasks)
+
+
+def packed_admissions(admissions: list[Admitted], task_partition: Callable[[str], int]) -> list[Send]:
+    """The TasksAdmitted records of several accepted submissions, in order: each submission's tasks split
+    by events partition and in pieces of CHUNK_TASKS as it would be alone, and the pieces of one
+    partition put together while they fit in CHUNK_TASKS tasks. A submission alone gets the records (and
+    ids) it always had; a flood of one-task submissions gets one record per partition and transaction,
+    not one per task. A record holding several pieces is named after its first piece (`+` their count):
+    every piece is in one record, so the name is unique and the same on every reprocessing of the batch."""
+    open_: dict[int, list[_Piece]] = {}  # events partition -> the pieces of its record being filled
+    filled: dict[int, int] = {}  # events partition -> tasks in those pieces
+    sends: list[Send] = []
+
+    def close(part: int) -> None:
+        pieces = open_.pop(part)
+        del filled[part]
+        first, eid, _ = pieces[0]
+        sid = first.submission_id
+        tasks = tuple(t if a is first or a.submission_id == sid else replace(t, submission_id=a.submission_id)
+                      for a, _, ts in pieces for t in ts)  # fmt: skip
+        if len(pieces) > 1:
+            eid = f"{eid}+{len(pieces)}"
+        rec = _event(first.node, None, sid, 0, first.at_ms, r.TasksAdmitted(node=first.node, tasks=tasks), event_id=eid)
+        # keyed by its first task's id, so the key's partition is the one its tasks belong to
+        sends.append(("events", tasks[0].task_id, rec))
+
+    for adm in admissions:
+        for part, tasks in _by_partition(adm.resolved(), adm.ids, task_partition):
             for i in range(0, len(tasks), CHUNK_TASKS):
                 chunk = tuple(tasks[i : i + CHUNK_TASKS])
-                packed = r.TasksAdmitted(node=node, tasks=chunk)
-                eid = f"{sid}:admitted:{part}:{i // CHUNK_TASKS}"
-                # keyed by its first task's id, so the key's partition is the one its tasks belong to
-                sends.append(("events", chunk[0].task_id, _event(node, None, sid, 0, self.at_ms, packed, event_id=eid)))
-        return sends
+                if filled.get(part, 0) + len(chunk) > CHUNK_TASKS:
+                    close(part)
+                piece = (adm, f"{adm.submission_id}:admitted:{part}:{i // CHUNK_TASKS}", chunk)
+                open_.setdefault(part, []).append(piece)
+                filled[part] = filled.get(part, 0) + len(chunk)
+    for part in sorted(open_):
+        close(part)
+    return sends
 
 
 @dataclass

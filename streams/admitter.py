@@ -34,7 +34,16 @@ from taskstream.connectors.partitioning import partition_for
 from taskstream.connectors.reading import read_to_end
 from taskstream.schemas.codec import Codec, DecodeError
 from taskstream.schemas.records import EventRecord, TasksAdmitted
-from taskstream.streams.admission import Admitted, Decision, LinkIndex, Placement, Send, carry_out, decide_command
+from taskstream.streams.admission import (
+    Admitted,
+    Decision,
+    LinkIndex,
+    Placement,
+    Send,
+    carry_out,
+    decide_command,
+    packed_admissions,
+)
 from taskstream.streams.context import EVENT_HEADER
 
 from taskstream.core.tenants import TenantTerms
@@ -341,8 +350,8 @@ class Admitter:
                 t_decided = time.monotonic()
                 self._fault("after-decision")
                 prod.begin_transaction()
-            for _, adm in admitted:
-                self._produce(prod, adm.records(self.task_partition))
+            # the tasks of every submission of the batch: several small ones share a record per partition
+            self._produce(prod, packed_admissions([adm for _, adm in admitted], self.task_partition))
             t1 = time.monotonic()
             prod.flush(TXN_TIMEOUT_S)
             self._fault("before-commit")

@@ -314,7 +314,7 @@ class Lifecycle:
             if record.state.version >= 2:
                 continue  # already applied (redelivery or a resubmission with the same ids)
             if record.state.version == 0:  # version 1
-                record.state = evolve(record.state, e.TaskSubmitted(rec.submission_id, item.spec), at)
+                record.state = evolve(record.state, e.TaskSubmitted(item.submission(rec), item.spec), at)
             record.state = evolve(record.state, admitted, at)  # version 2
             for dep in item.dependents:
                 if dep not in record.dependents:

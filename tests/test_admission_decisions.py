@@ -187,6 +187,52 @@ def test_a_packed_record_too_big_for_a_message_is_split_without_losing_or_moving
     assert encode_split(codec, "k", d.sends[0][2], limit=10**9) == [("k", codec.encode(d.sends[0][2]))]
 
 
+def test_small_submissions_of_one_transaction_share_records_and_each_task_keeps_its_submission() -> None:
+    """A flood of one-task submissions is one TasksAdmitted per partition and transaction, not one per
+    task; every reader still sees each task submitted by its own submission, and a submission alone
+    gets the records it always had."""
+    from taskstream.projections.graph import graph_writes
+    from taskstream.projections.pg_rows import fold
+    from taskstream.schemas.codec import Codec
+    from taskstream.streams.admission import packed_admissions
+
+    codec = Codec({"event": 1}, lambda _id: "")
+    big = admit(command("big", [{"name": f"t{i}", "argv": ["x"]} for i in range(2 * CHUNK_TASKS)]), LinkIndex())
+    singles = [admit(command(f"one-{n}", [{"name": "only", "argv": ["x"]}]), LinkIndex()) for n in range(40)]
+    admissions = [d.admitted for d in [singles[0], big, *singles[1:]]]
+    sends = packed_admissions(admissions, by_id)  # type: ignore[arg-type]
+
+    per_partition: dict[int, int] = {}
+    for _, key, rec in sends:
+        assert {by_id(t.task_id) for t in rec.payload.tasks} == {by_id(key)}, "a record holds one partition"
+        assert len(rec.payload.tasks) <= CHUNK_TASKS
+        per_partition[by_id(key)] = per_partition.get(by_id(key), 0) + 1
+    total = 2 * CHUNK_TASKS + 40
+    assert sum(len(rec.payload.tasks) for _, _, rec in sends) == total, "every task once"
+    assert all(n <= total // CHUNK_TASKS + 1 for n in per_partition.values()), per_partition
+    assert len({rec.event_id for _, _, rec in sends}) == len(sends), "every record its own id"
+
+    decoded = [codec.decode("event", codec.encode(rec)) for _, _, rec in sends]
+    assert decoded == [rec for _, _, rec in sends], "the per-task submission survives the codec"
+    expected = {tid: d.admitted.submission_id for d in [big, *singles] for tid in d.admitted.ids.values()}
+    events = [x for rec in decoded for x in r.task_events(rec)]
+    submitted = {x.task_id: x.payload.submission_id for x in events if isinstance(x.payload, e.TaskSubmitted)}
+    assert submitted == expected
+    assert {x.task_id: x.submission_id for x in events} == expected, "the events' envelopes too"
+    assert {row[0]: row[1] for row in fold(decoded).new_tasks.values()} == expected, "the PostgreSQL rows"
+    assert {n["id"]: n["submission_id"] for n in graph_writes(decoded).nodes} == expected, "the graph's nodes"
+
+    for d in (big, singles[3]):  # alone, a submission's records are what they were before sharing
+        alone = packed_admissions([d.admitted], by_id)
+        sizes: dict[int, int] = {}
+        for tid in d.admitted.ids.values():
+            sizes[by_id(tid)] = sizes.get(by_id(tid), 0) + 1
+        assert len(alone) == sum(-(-n // CHUNK_TASKS) for n in sizes.values()), "one per partition and chunk"
+        assert all(t.submission_id is None for _, _, rec in alone for t in rec.payload.tasks)
+        assert all(rec.event_id.startswith(f"{d.admitted.submission_id}:admitted:") for _, _, rec in alone)
+        assert all("+" not in rec.event_id for _, _, rec in alone)
+
+
 def test_a_decided_record_keeps_what_an_earlier_one_covers_past_the_batch() -> None:
     """A retried batch can end before the batch whose decisions were committed first: the record written
     for it must still say which later commands are decided and which of them wait for their tasks."""

@@ -225,6 +225,41 @@ def test_the_queue_record_standing_for_several_tasks_is_a_compatible_change_and_
     assert got == r.QueuedTask("a", 1, "default", 5, spec) and r.queued_tasks(got) == [got]
 
 
+def _without_admitted_submission(node: Any) -> Any:
+    if isinstance(node, dict):
+        if str(node.get("name", "")).split(".")[-1] == "AdmittedTask" and node.get("type") == "record":
+            return {**node, "fields": [f for f in node["fields"] if f["name"] != "submission_id"]}
+        return {k: _without_admitted_submission(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_without_admitted_submission(v) for v in node]
+    return node
+
+
+def test_a_task_naming_its_own_submission_in_a_shared_admission_is_a_compatible_change(
+    registry: SchemaRegistryClient,
+) -> None:
+    """AdmittedTask gained `submission_id` (with a default), so that small submissions can share a
+    TasksAdmitted: the registry takes the events schema after the one without it (BACKWARD), and an
+    admission written before reads with every task in the record's submission."""
+    new = json.loads(schema_text("event"))
+    old = _without_admitted_submission(new)
+    assert old != new
+    first = registry.register_schema("a.events-value", Schema(json.dumps(old), "AVRO"))
+    second = registry.register_schema("a.events-value", Schema(json.dumps(new), "AVRO"))
+    assert first != second and registry.get_latest_version("a.events-value").version == 2
+    spec = r.TaskSpec("t", "acme", ("true",))
+    rec = r.EventRecord("s1:admitted:0:0", None, "s1", 0, 2, "n", r.TasksAdmitted("n", (r.AdmittedTask("t1", spec),)))
+    old_avro = to_avro(rec)
+    for task in old_avro["payload"][1]["tasks"]:
+        del task["submission_id"]
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(old), old_avro)
+    codec = Codec({"event": second}, lambda sid: registry.get_schema(sid).schema_str)
+    got = codec.decode("event", b"\x00" + first.to_bytes(4, "big") + body.getvalue())
+    assert got == rec
+    assert [x.submission_id for x in r.task_events(got)] == ["s1", "s1"]
+
+
 def _without_resource_labels(node: Any) -> Any:
     if isinstance(node, dict):
         if str(node.get("name", "")).split(".")[-1] == "Resources" and node.get("type") == "record":

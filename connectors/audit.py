@@ -87,6 +87,7 @@ def task_history(settings: Settings, task_id: str) -> list[dict[str, Any]]:
                     {
                         "version": ev.version,
                         "event": ev.kind + (" (duplicate delivery)" if dup else ""),
+                        "submission_id": ev.submission_id,
                         "event_time": _when(ev.event_ms),
                         "log_time": _when(m.timestamp()[1]),
                         "node": ev.node,

@@ -58,7 +58,8 @@ class Commands:
         )
         self.producer = Producer({"bootstrap.servers": s.bootstrap, "linger.ms": 5})
 
-    def send(self, body_type: str, body: dict[str, Any]) -> str:
+    def send(self, body_type: str, body: dict[str, Any], key: str | None = None) -> str:
+        """Produce one command, keyed by its id unless `key` is given."""
         command_id = str(uuid.uuid4())
         value = self.ser(
             {
@@ -69,7 +70,7 @@ class Commands:
             },
             SerializationContext(self.topic, MessageField.VALUE),
         )
-        self.producer.produce(self.topic, key=command_id.encode(), value=value)
+        self.producer.produce(self.topic, key=(key or command_id).encode(), value=value)
         self.producer.poll(0)
         return command_id
 
@@ -357,6 +358,80 @@ def test_many_submissions_sent_at_once_are_each_decided_and_run(stack: Stack) ->
     for i, (_, sid) in enumerate(sent):
         got = wait_until(lambda sid=sid: all_terminal(stack, sid, 1), 60, f"submission {i} to end")
         assert list(got) == [f"{tag}-{i}"] and got[f"{tag}-{i}"]["status"] == "SUCCEEDED"
+
+
+def test_one_task_submissions_decided_together_share_admission_records_and_keep_their_own_submission(
+    stack: Stack,
+) -> None:
+    """24 one-task submissions produced at once to one commands partition are decided in one take, whose
+    tasks are admitted packed per events partition (a TasksAdmitted holding several submissions'
+    tasks); the owners, PostgreSQL, the graph and the audit each still see every task as its own
+    submission's, and every task runs once."""
+    from taskstream.connectors.audit import task_history
+    from taskstream.connectors.kafka import make_codec
+    from taskstream.schemas.records import TasksAdmitted
+
+    s = stack.settings
+    tag = uuid.uuid4().hex[:6]
+    commands = Commands(stack)
+    cids = [
+        commands.send(
+            "SubmitDag",
+            {
+                "tenant": "acme",
+                "idempotency_key": f"{tag}-{i}",
+                "labels": {},
+                "tasks": [task(f"{tag}-{i}", "", argv=["true"])],
+            },
+            key=f"shared-{tag}",
+        )
+        for i in range(24)
+    ]
+    commands.flush()
+    decided = [submission_of(stack, cid) for cid in cids]
+    assert [outcome for _, outcome, _ in decided] == ["ACCEPTED"] * 24
+    sids = [sid for sid, _, _ in decided]
+    for i, sid in enumerate(sids):
+        got = wait_until(lambda sid=sid: all_terminal(stack, sid, 1), 90, f"submission {i} to end")
+        assert list(got) == [f"{tag}-{i}"] and got[f"{tag}-{i}"]["status"] == "SUCCEEDED"
+        assert len(attempts(stack, got[f"{tag}-{i}"]["task_id"])) == 1
+    task_of = {sid: str(rows(stack, sid)[f"{tag}-{i}"]["task_id"]) for i, sid in enumerate(sids)}
+
+    codec = make_codec(s)
+    c = Consumer({"bootstrap.servers": s.bootstrap, "group.id": f"p-{uuid.uuid4()}", "auto.offset.reset": "earliest",
+                  "isolation.level": "read_committed"})  # fmt: skip
+    c.subscribe([s.topic("events")])
+    shared: list[set[str]] = []  # per TasksAdmitted holding our tasks: the submissions of those tasks
+    admitted: dict[str, str] = {}  # task id -> the submission its TaskSubmitted names
+
+    def read() -> bool:
+        for m in c.consume(500, 0.5):
+            if m.error() or dict(m.headers() or ()).get("taskstream.event") != b"TasksAdmitted":
+                continue
+            rec = codec.decode("event", m.value())
+            assert isinstance(rec.payload, TasksAdmitted)
+            ours = {x.task_id: x.payload.submission_id for x in task_events(rec) if x.kind == "TaskSubmitted"}
+            ours = {t: sub for t, sub in ours.items() if sub in task_of}
+            if ours:
+                shared.append(set(ours.values()))
+                admitted.update(ours)
+        return len(admitted) == 24
+
+    try:
+        wait_until(read, 60, "every task's admission in the log")
+    finally:
+        c.close()
+    assert admitted == {t: sid for sid, t in task_of.items()}
+    assert any(len(subs) > 1 for subs in shared), f"no admission record shared by two submissions: {shared}"
+    assert len(shared) < 24, "24 submissions of one take in 24 records"
+
+    graph = graph_queries(s)
+    for sid, t in task_of.items():
+        assert [n[0] for n in wait_until(lambda sid=sid: graph.nodes(sid) or None, 60, "the graph")] == [t]
+    last = sids[-1]
+    history = task_history(s, task_of[last])
+    submitted = [h for h in history if h["event"] == "TaskSubmitted"]
+    assert len(submitted) == 1 and submitted[0]["submission_id"] == last, history
 
 
 def test_submissions_sent_one_call_each_reuse_the_partition_end_and_each_decision_is_found(stack: Stack) -> None:

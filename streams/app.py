@@ -18,6 +18,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -121,9 +122,11 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
     tenure = Tenure(s.worker_session_timeout_ms / 1000)  # the lifecycle writes only while it holds
     track_heartbeats(tenure.heard, faust_app_id(s))  # the workers' group's, not a lane's
 
-    def holds(m: Any) -> bool:
-        """Whether the partition of message `m` (consumed, or handed over in-process) is this worker's."""
-        return TP(m.topic, m.partition) in app.consumer.assignment()
+    def holding() -> Callable[[Any], bool]:
+        """Whether the partition of a message (consumed, or handed over in-process) is this worker's, as
+        the assignment is now: asked once for a batch's messages."""
+        assigned = app.consumer.assignment()
+        return lambda m: TP(m.topic, m.partition) in assigned
 
     def held(topic: str) -> frozenset[int]:
         """The partitions of `topic` (task-inputs or events, co-partitioned) whose inputs may be handed to
@@ -145,7 +148,9 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
 
     def lifecycle() -> Lifecycle:
         if "l" not in lifecycle_holder:
-            lifecycle_holder["l"] = Lifecycle(ctx(), TableState(tasks), TableState(timers), due_index, tenure, holds)
+            lifecycle_holder["l"] = Lifecycle(
+                ctx(), TableState(tasks), TableState(timers), due_index, tenure, holding=holding
+            )
             if s.local_claims:
                 lifecycle_holder["l"].local = local
             lifecycle_holder["l"].inbox = inbox()

@@ -8,6 +8,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from taskstream.connectors.table_state import MemoryState
 from taskstream.schemas import records as r
 from taskstream.streams.lifecycle import Lifecycle
@@ -89,13 +90,25 @@ async def _guard(_message: Any, handling: Any) -> None:
     await handling
 
 
-def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_still_held() -> None:
+@pytest.mark.parametrize("asked", ["each message", "once per batch"])
+def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_still_held(asked: str) -> None:
+    """Whether the partitions held are asked per message (`holds`) or once as each batch begins
+    (`holding`, as the worker does): the batch decided again after the rebalance asks anew."""
     rec = Recording()
     tasks = MemoryState({b"kept": queued("kept"), b"lost": queued("lost")})
     timers = MemoryState()
     tenure = Tenure(6.0)
     held = {"kept", "lost"}
-    lc = Lifecycle(rec.ctx, tasks, timers, tenure=tenure, holds=lambda m: m.task_id in held)
+    if asked == "each message":
+        lc = Lifecycle(rec.ctx, tasks, timers, tenure=tenure, holds=lambda m: m.task_id in held)
+    else:
+        asks: list[frozenset[str]] = []
+
+        def holding() -> Any:
+            asks.append(now := frozenset(held))
+            return lambda m: m.task_id in now
+
+        lc = Lifecycle(rec.ctx, tasks, timers, tenure=tenure, holding=holding)
     messages = [
         rec.message("kept", r.ClaimRequest(1, "w0", "c-kept"), "claim-kept"),
         rec.message("lost", r.ClaimRequest(1, "w0", "c-lost"), "claim-lost"),
@@ -117,6 +130,8 @@ def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_s
     assert loads(tasks[b"kept"]).state.status is Status.CLAIMED
     assert tasks[b"lost"] == queued("lost"), "the record given away is left as the group found it"
     assert b"lost" not in timers and b"kept" in timers
+    if asked == "once per batch":
+        assert asks == [frozenset({"kept", "lost"}), frozenset({"kept"})], "asked as each batch began"
 
 
 def test_without_a_rebalance_the_batch_is_written_once() -> None:

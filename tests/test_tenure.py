@@ -172,3 +172,46 @@ def test_a_batch_that_begins_after_its_partition_was_given_away_decides_nothing_
     rerouted = [x for topic, _, x in rec.sent if topic is rec.ctx.inputs]
     inner = [i for x in rerouted for i in (x.body.items if type(x.body) is r.Inputs else [x])]
     assert [i.input_id for i in inner] == ["claim-gone"], "only the input never written goes through the broker"
+
+
+class _App:
+    """What HeldPartitions reads of a Faust app: its rebalance flag and count, its consumer's assignment
+    (counted), and a hook run as the assignment is read (a rebalance beginning just then)."""
+
+    def __init__(self, assigned: set[tuple[str, int]]) -> None:
+        self.rebalancing, self.rebalancing_count = False, 0
+        self.assigned, self.asked = assigned, 0
+        self.during: Any = None
+        self.consumer = self
+
+    def assignment(self) -> list[Any]:
+        self.asked += 1
+        read = [SimpleNamespace(topic=t, partition=p) for t, p in self.assigned]
+        if self.during is not None:  # a rebalance begins just after the read
+            self.during()
+        return read
+
+    def begin(self) -> None:  # as Faust's on_rebalance_start, from the consumer's thread
+        self.rebalancing, self.rebalancing_count = True, self.rebalancing_count + 1
+
+
+def test_the_partitions_held_are_read_once_per_rebalance_and_never_across_one() -> None:
+    from taskstream.streams.app import HeldPartitions
+
+    app = _App({("in", 0), ("in", 2), ("ev", 1)})
+    held = HeldPartitions(app)
+    assert held("in") == {0, 2} and held("in") == {0, 2} and held("ev") == {1}
+    assert app.asked == 2, "the assignment asked once per topic until a rebalance"
+    app.begin()
+    assert held("in") == frozenset(), "nothing is handed over in-process while a rebalance runs"
+    app.assigned = {("in", 2), ("ev", 1)}
+    app.rebalancing = False  # as on_rebalance_end
+    assert held("in") == {2}, "read anew after a rebalance"
+    app.during = lambda: (app.begin(), app.assigned.discard(("ev", 1)))  # one begins while it is read
+    assert held("ev") == frozenset(), "an assignment read across a rebalance's start is not believed"
+    app.during, app.rebalancing = None, False
+    assert held("ev") == frozenset() and app.asked == 5, "read anew, without the partition that moved"
+    app.assigned.add(("in", 3))
+    assert held("in") == {2, 3}
+    asked = app.asked
+    assert held("in") == {2, 3} and app.asked == asked, "kept again once a rebalance is over"

@@ -225,16 +225,6 @@ def test_the_queue_record_standing_for_several_tasks_is_a_compatible_change_and_
     assert got == r.QueuedTask("a", 1, "default", 5, spec) and r.queued_tasks(got) == [got]
 
 
-def _without_admitted_submission(node: Any) -> Any:
-    if isinstance(node, dict):
-        if str(node.get("name", "")).split(".")[-1] == "AdmittedTask" and node.get("type") == "record":
-            return {**node, "fields": [f for f in node["fields"] if f["name"] != "submission_id"]}
-        return {k: _without_admitted_submission(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_without_admitted_submission(v) for v in node]
-    return node
-
-
 def test_a_task_naming_its_own_submission_in_a_shared_admission_is_a_compatible_change(
     registry: SchemaRegistryClient,
 ) -> None:
@@ -242,7 +232,7 @@ def test_a_task_naming_its_own_submission_in_a_shared_admission_is_a_compatible_
     TasksAdmitted: the registry takes the events schema after the one without it (BACKWARD), and an
     admission written before reads with every task in the record's submission."""
     new = json.loads(schema_text("event"))
-    old = _without_admitted_submission(new)
+    old = _without(new, "AdmittedTask", "submission_id")
     assert old != new
     first = registry.register_schema("a.events-value", Schema(json.dumps(old), "AVRO"))
     second = registry.register_schema("a.events-value", Schema(json.dumps(new), "AVRO"))
@@ -260,14 +250,19 @@ def test_a_task_naming_its_own_submission_in_a_shared_admission_is_a_compatible_
     assert [x.submission_id for x in r.task_events(got)] == ["s1", "s1"]
 
 
-def _without_resource_labels(node: Any) -> Any:
+def _without(node: Any, record: str, field: str) -> Any:
+    """A schema (parsed JSON) as it was before `record` gained `field`."""
     if isinstance(node, dict):
-        if str(node.get("name", "")).split(".")[-1] == "Resources" and node.get("type") == "record":
-            return {**node, "fields": [f for f in node["fields"] if f["name"] != "labels"]}
-        return {k: _without_resource_labels(v) for k, v in node.items()}
+        if str(node.get("name", "")).split(".")[-1] == record and node.get("type") == "record":
+            return {**node, "fields": [f for f in node["fields"] if f["name"] != field]}
+        return {k: _without(v, record, field) for k, v in node.items()}
     if isinstance(node, list):
-        return [_without_resource_labels(v) for v in node]
+        return [_without(v, record, field) for v in node]
     return node
+
+
+def _without_resource_labels(node: Any) -> Any:
+    return _without(node, "Resources", "labels")
 
 
 def test_the_worker_labels_a_task_needs_are_a_compatible_change_and_old_specs_need_none(

@@ -212,7 +212,7 @@ def task_events(rec: EventRecord) -> list[EventRecord]:
     admitted = ev.TaskAdmitted(node=p.node)
     out: list[EventRecord] = []
     for t in p.tasks:
-        tid, sid = t.task_id, t.submission_id or rec.submission_id
+        tid, sid = t.task_id, t.submission(rec)
         out.append(EventRecord(f"{tid}:1", tid, sid, 1, at, node, ev.TaskSubmitted(submission_id=sid, spec=t.spec)))
         out.append(EventRecord(f"{tid}:2", tid, sid, 2, at, node, admitted))
     return out

@@ -91,7 +91,6 @@ class Lifecycle:
         timers: KeyedState,
         index: TimerIndex | None = None,
         tenure: Tenure | None = None,
-        holds: Any = None,
         holding: Any = None,
     ) -> None:
         self.ctx = ctx
@@ -100,14 +99,13 @@ class Lifecycle:
         self.index = index or TimerIndex()  # when they are due (streams/timers.py)
         self._batch: _Batch | None = None
         self._message: Any = None  # the batch's message being handled
-        # tenure: whether this worker's membership is confirmed (streams/tenure.py); holds(message):
-        # whether its partition is still this worker's. Without them (tests), every write goes ahead.
-        # holding(): such a test for the partitions held now, taken once per batch (the consumer's
-        # assignment is a new set of every partition each time it is asked: 2-3% of a busy worker's
-        # main thread when asked twice per message, py-spy); without it, `holds` is asked each time.
+        # tenure: whether this worker's membership is confirmed (streams/tenure.py); holding(): a test of
+        # whether a message's partition is this worker's, as the assignment is when a batch begins
+        # (asked once per batch: the consumer's assignment is a new set of every partition each time,
+        # 2-3% of a busy worker's main thread when asked twice per message, py-spy). Without them
+        # (tests), every write goes ahead.
         self.tenure = tenure
-        self.holds = holds or (lambda _message: True)
-        self.holding = holding
+        self.holding = holding or (lambda: lambda _message: True)
         # local: claims decided for this worker itself as tasks are queued (streams/worker.LocalClaims);
         # None: every queued task goes to the queue
         self.local: Any = None
@@ -188,7 +186,7 @@ class Lifecycle:
         The new owner reads it again from the last commit; one handed over in-process goes to it
         through the broker."""
         rebalances = self.tenure.completed if self.tenure is not None else 0
-        holds = self.holding() if self.holding is not None else self.holds
+        holds = self.holding()
         kept = [holds(m) for m in messages]
         if not all(kept):
             away = [m for m, k in zip(messages, kept, strict=True) if not k]

@@ -8,7 +8,6 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 from taskstream.connectors.table_state import MemoryState
 from taskstream.schemas import records as r
 from taskstream.streams.lifecycle import Lifecycle
@@ -90,25 +89,21 @@ async def _guard(_message: Any, handling: Any) -> None:
     await handling
 
 
-@pytest.mark.parametrize("asked", ["each message", "once per batch"])
-def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_still_held(asked: str) -> None:
-    """Whether the partitions held are asked per message (`holds`) or once as each batch begins
-    (`holding`, as the worker does): the batch decided again after the rebalance asks anew."""
+def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_still_held() -> None:
+    """The partitions held are asked once as each batch begins; the batch decided again after the
+    rebalance asks anew."""
     rec = Recording()
     tasks = MemoryState({b"kept": queued("kept"), b"lost": queued("lost")})
     timers = MemoryState()
     tenure = Tenure(6.0)
     held = {"kept", "lost"}
-    if asked == "each message":
-        lc = Lifecycle(rec.ctx, tasks, timers, tenure=tenure, holds=lambda m: m.task_id in held)
-    else:
-        asks: list[frozenset[str]] = []
+    asks: list[frozenset[str]] = []
 
-        def holding() -> Any:
-            asks.append(now := frozenset(held))
-            return lambda m: m.task_id in now
+    def holding() -> Any:
+        asks.append(now := frozenset(held))
+        return lambda m: m.task_id in now
 
-        lc = Lifecycle(rec.ctx, tasks, timers, tenure=tenure, holding=holding)
+    lc = Lifecycle(rec.ctx, tasks, timers, tenure=tenure, holding=holding)
     messages = [
         rec.message("kept", r.ClaimRequest(1, "w0", "c-kept"), "claim-kept"),
         rec.message("lost", r.ClaimRequest(1, "w0", "c-lost"), "claim-lost"),
@@ -130,14 +125,13 @@ def test_a_batch_decided_across_a_rebalance_is_written_only_for_the_partitions_s
     assert loads(tasks[b"kept"]).state.status is Status.CLAIMED
     assert tasks[b"lost"] == queued("lost"), "the record given away is left as the group found it"
     assert b"lost" not in timers and b"kept" in timers
-    if asked == "once per batch":
-        assert asks == [frozenset({"kept", "lost"}), frozenset({"kept"})], "asked as each batch began"
+    assert asks == [frozenset({"kept", "lost"}), frozenset({"kept"})], "asked as each batch began"
 
 
 def test_without_a_rebalance_the_batch_is_written_once() -> None:
     rec = Recording()
     tasks = MemoryState({b"a": queued("a")})
-    lc = Lifecycle(rec.ctx, tasks, MemoryState(), tenure=Tenure(6.0), holds=lambda m: True)
+    lc = Lifecycle(rec.ctx, tasks, MemoryState(), tenure=Tenure(6.0), holding=lambda: lambda m: True)
     asyncio.run(lc.on_batch([rec.message("a", r.ClaimRequest(1, "w0", "c"), "i")], "events", _guard))
     members = [m for _, _, x in rec.sent if isinstance(x, r.EventRecord) for m in r.task_events(x)]
     assert [type(m.payload) for m in members] == [e.TaskClaimed]
@@ -155,10 +149,10 @@ def test_a_batch_that_begins_after_its_partition_was_given_away_decides_nothing_
     rec = Recording()
     tasks = MemoryState({b"kept": queued("kept"), b"lost": queued("lost"), b"gone": queued("gone")})
     tenure = Tenure(6.0)
-    lc = Lifecycle(rec.ctx, tasks, MemoryState(), tenure=tenure, holds=lambda m: m.task_id == "kept")
+    lc = Lifecycle(rec.ctx, tasks, MemoryState(), tenure=tenure, holding=lambda: lambda m: m.task_id == "kept")
     inputs = rec.ctx.settings.topic("task-inputs")
     handed = LocalInput(rec.ctx.input("gone", 5_000, r.ClaimRequest(1, "w0", "c-gone"), "claim-gone"), inputs, 1)
-    handed.task_id = "gone"  # type: ignore[attr-defined]  # what this test's `holds` looks at
+    handed.task_id = "gone"  # type: ignore[attr-defined]  # what this test's `holding` looks at
     messages = [
         rec.message("lost", r.ClaimRequest(1, "w0", "c-lost"), "claim-lost"),
         rec.message("kept", r.ClaimRequest(1, "w0", "c-kept"), "claim-kept"),

@@ -344,7 +344,7 @@ def test_a_task_queued_while_its_own_worker_has_room_is_claimed_in_the_same_writ
     # a rebalance between deciding and writing: nothing written, nothing handed over, the room given back
     lc.tasks[b"t3"] = dumps(TaskRecord(TaskState("t3", Status.READY, 3, spec, "s")))
     lc.tenure = SimpleNamespace(completed=0, settled=_settled_to(1))  # type: ignore[assignment]
-    lc.holds = lambda _m: False
+    lc.holding = lambda: lambda _m: False
     before = len(sent)
     asyncio.run(lc.on_batch([msg(3, "t3")], "events", guard))
     assert len(sent) == before and local.handed == [("t1", "local-t1", True)] and local.reserved == 0

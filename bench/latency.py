@@ -1,6 +1,7 @@
 """Benchmark: submit -> start latency of ready no-op tasks, open loop, and a 40-task chain's total time.
 
-On a fresh embedded stack, after --warm one-task submissions that are not counted: first a burst,
+On an embedded stack of its own, after --warm one-task submissions and the warm-up loop below, neither
+counted: first a burst,
 --probe one-task submissions of a no-op callable (`os:getpid`) sent back to back
 (`Client.submit_many`) (tasks/s from the first send to the last success). A burst is admitted in a
 few large transactions, a steady stream in one transaction per submission, so an open loop keeps up
@@ -34,11 +35,18 @@ Each level also says what it cost: every service's CPU per task (its process tre
 send to the last success) and the machine's busy and stolen shares over that span.
 Last, a chain of 40 no-op callables: from its send to the last task's success.
 
-    python bench/latency.py [--engines kafka|fallback|both] [--warm 300] [--probe 300] [--seconds 20]
+    python bench/latency.py [--engines kafka|fallback|both] [--warm 300] [--warm-seconds 120] [--warm-rate 100]
+                            [--probe 300] [--seconds 20]
                             [--search-seconds 8] [--search-steps 5] [--rates 20,100,...]
                             [--set NAME=VALUE ...]
 
-Writes bench/results/latency-<pair>.json (-rates and -set before .json with those options).
+After the --warm submissions, an open loop at --warm-rate (100/s) for --warm-seconds (120), not
+counted: the JVMs' JIT compilers are done with the hot paths before anything is measured, as in a
+stack that has been up a while (docs/measurements.md, "A stack that has been up a while");
+--warm-seconds 0 measures a stack's first minutes instead.
+
+Writes bench/results/latency-<pair>.json (-rates, -fresh and -set before .json: fixed rates, no
+--warm-seconds, a changed setting).
 """
 
 from __future__ import annotations
@@ -261,6 +269,13 @@ def main() -> int:
     ap.add_argument("--engines", choices=("kafka", "fallback", "both"), default="kafka")
     ap.add_argument("--probe", type=int, default=300)
     ap.add_argument("--warm", type=int, default=300, help="one-task submissions run before the probe, not counted")
+    ap.add_argument(
+        "--warm-seconds",
+        type=float,
+        default=120.0,
+        help="then an open loop at --warm-rate for this long, not counted (a stack that has been up a while)",
+    )
+    ap.add_argument("--warm-rate", type=float, default=100.0, help="tasks/s of the --warm-seconds loop")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rates", type=rates_arg, default=None, help="fixed rates (tasks/s, comma-separated)")
     ap.add_argument("--search-seconds", type=float, default=8.0, help="each open loop of the maximum's search")
@@ -269,6 +284,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.search_steps < 1 or args.search_seconds <= 0:
         ap.error("--search-steps must be at least 1 and --search-seconds more than 0")
+    if args.warm_seconds < 0 or args.warm_rate <= 0:
+        ap.error("--warm-seconds cannot be negative and --warm-rate must be more than 0")
     extra = set_settings(ap, args.set)
     for kind in kinds(args.engines):
         with embedded_stack(kind, **extra) as env:
@@ -284,6 +301,12 @@ def main() -> int:
                 client.submit_many(one_task(f"warm{i}") for i in range(args.warm))
                 total += args.warm
                 wait_done(conn, total)
+                if args.warm_seconds:
+                    n = max(1, int(args.warm_rate * args.warm_seconds))
+                    open_loop(client, args.warm_rate, n, "warmloop")
+                    total += n
+                    wait_done(conn, total)
+                    print(f"{kind}: warmed up with {n} submissions at {args.warm_rate:g}/s", flush=True)
                 t0 = time.time()
                 client.submit_many(one_task(f"probe{i}") for i in range(args.probe))
                 total += args.probe
@@ -374,12 +397,14 @@ def main() -> int:
             "levels": levels,
             "chain_of_40_seconds": round(chain_s, 3),
             "aim": "p50 under 10 ms and p99 under 50 ms at half the maximum rate; the chain under 0.4 s",
-            "how": f"{args.warm} one-task submissions to warm up, {args.probe} as a burst; "
-            f"{args.seconds:g} s per level" + (" at fixed rates" if args.rates else ""),
+            "how": f"{args.warm} one-task submissions to warm up"
+            + (f", then {args.warm_seconds:g} s at {args.warm_rate:g}/s" if args.warm_seconds else "")
+            + f", {args.probe} as a burst; {args.seconds:g} s per level"
+            + (" at fixed rates" if args.rates else ""),
             "settings": extra,
             "when": when(),
         }
-        suffix = ("-rates" if args.rates else "") + ("-set" if extra else "")
+        suffix = ("-rates" if args.rates else "") + ("" if args.warm_seconds else "-fresh") + ("-set" if extra else "")
         write_report(RESULTS / f"latency-{kind}{suffix}.json", report)
     return 0
 

@@ -7,7 +7,14 @@ read per service from /proc, each service with the processes under it (a worker'
 the JVMs), over the same interval.
 
     python bench/throughput.py [--engines kafka|fallback|both] [--tasks 10000] [--runs 1]
-                               [--workload dag|single|both] [--profile SECONDS] [--set NAME=VALUE ...]
+                               [--workload dag|single|both] [--warm-seconds 180] [--profile SECONDS]
+                               [--set NAME=VALUE ...]
+
+Every run is on one stack, after the workloads have run on it for --warm-seconds (180; not counted;
+each run's tasks are a tenant of their own): the figures of a stack that has been up a while, its
+JVMs' JIT compilers done with the hot paths (docs/measurements.md, "A stack that has been up a
+while"). --warm-seconds 0 gives each run a fresh stack instead (a stack's first minute), to
+throughput-<pair>-fresh.json.
 
 Each run also gives two hops per task, from the tasks' transition times in PostgreSQL (p10, p50, p90):
 claim request -> start (the claim's round trip and any wait for a slot) and start -> finish (the run).
@@ -27,6 +34,7 @@ bench/results/throughput-<pair>.json (throughput-<pair>-profile.json with --prof
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -89,24 +97,31 @@ def where_the_time_goes(stacks: Path) -> dict[str, float]:
 # Each task's time between two of its transitions, as the events stamped them (worker clock for the
 # claim, start and finish): the claim's round trip and a slot's wait, then the run itself.
 HOPS = {"claim request -> start": ("claimed_at", "started_at"), "start -> finish": ("started_at", "finished_at")}
+# every query is about one run's tasks: its own tenant (a warmed stack holds the warm-up's tasks too)
 HOP = (
     "SELECT percentile_cont(ARRAY[0.1, 0.5, 0.9]) WITHIN GROUP "
-    "(ORDER BY extract(epoch FROM {b} - {a}) * 1000) FROM tasks WHERE {a} IS NOT NULL AND {b} IS NOT NULL"
+    "(ORDER BY extract(epoch FROM {b} - {a}) * 1000) FROM tasks "
+    "WHERE tenant = %s AND {a} IS NOT NULL AND {b} IS NOT NULL"
 )
 
 
-STARTS = "SELECT extract(epoch FROM started_at) FROM tasks WHERE started_at IS NOT NULL ORDER BY started_at"
-FIRSTS = "SELECT percentile_disc(0.01) WITHIN GROUP (ORDER BY extract(epoch FROM {c})) FROM tasks WHERE {c} IS NOT NULL"
+STARTS = (
+    "SELECT extract(epoch FROM started_at) FROM tasks WHERE tenant = %s AND started_at IS NOT NULL ORDER BY started_at"
+)
+FIRSTS = (
+    "SELECT percentile_disc(0.01) WITHIN GROUP (ORDER BY extract(epoch FROM {c})) FROM tasks "
+    "WHERE tenant = %s AND {c} IS NOT NULL"
+)
 GAP_S = 0.02
 
 
-def phases(conn: Any, first_send: float) -> dict[str, Any]:
+def phases(conn: Any, tenant: str, first_send: float) -> dict[str, Any]:
     """The run's ramp, steady rate and idle share (the module's docstring)."""
     firsts = {}
     for name, col in (("queued", "queued_at"), ("started", "started_at")):
-        (at,) = conn.execute(FIRSTS.format(c=col)).fetchone()
+        (at,) = conn.execute(FIRSTS.format(c=col), (tenant,)).fetchone()
         firsts[name] = round(float(at) - first_send, 3) if at is not None else None
-    starts = [float(t) for (t,) in conn.execute(STARTS).fetchall()]
+    starts = [float(t) for (t,) in conn.execute(STARTS, (tenant,)).fetchall()]
     if len(starts) < 10:
         return {"s_until_1pct": firsts}
     lo, hi = starts[len(starts) // 10], starts[len(starts) * 9 // 10]
@@ -120,51 +135,76 @@ def phases(conn: Any, first_send: float) -> dict[str, Any]:
 
 
 def once(kind: str, workload: str, n: int, profile: float, extra: dict[str, str]) -> dict[str, Any]:
+    """One run on a fresh stack."""
+    with embedded_stack(kind, **extra) as env:
+        return measured(env, kind, workload, n, profile, "bench")
+
+
+def warm_up(env: dict[str, str], kind: str, workloads: list[str], n: int, seconds: float) -> int:
+    """Run the workloads in turn on the stack until `seconds` have passed (their figures are not kept):
+    the JVMs' compilers and every process's caches reach the state a stack that has been up a while is
+    in. Returns how many runs it took."""
+    until, k = time.monotonic() + seconds, 0
+    while time.monotonic() < until:
+        workload = workloads[k % len(workloads)]
+        run = measured(env, kind, workload, n, 0.0, f"warm{k}")
+        print(f"{kind} warm-up {k + 1} ({workload}): {run['tasks_per_second']} tasks/s", flush=True)
+        k += 1
+    return k
+
+
+def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: float, tenant: str) -> dict[str, Any]:
+    """One run on the running stack `env`: n no-op tasks of `tenant` (a tenant no other run uses)."""
     import psycopg
 
     from taskstream.core.submission import parse_document
     from taskstream.sdk import Client
 
-    with embedded_stack(kind, **extra) as env:
-        s = settings_of(env)
-        pids = services(env)
-        before = {name: tree_cpu(pid) for name, pid in pids.items()}
-        ticks = machine_ticks()
-        spy = None
-        stacks = RESULTS / f"throughput-worker-{kind}-{workload}.stacks"
-        if profile and shutil.which("py-spy"):
-            spy = subprocess.Popen(
-                ["py-spy", "record", "-p", str(pids["worker-0"]), "-d", str(int(profile)), "--format", "raw",
-                 "-o", str(stacks), "-s"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-        with Client(s, issuer="bench") as client:
-            first_send = time.time()
-            if workload == "dag":
-                doc = {"tenant": "bench", "tasks": [{"name": f"t{i}", **NOOP} for i in range(n)]}
-                client.submit(parse_document(doc))
-            else:  # one command per task, produced back to back (Client.submit_many)
-                client.submit_many(
-                    parse_document({"tenant": "bench", "tasks": [{"name": f"t{i}", **NOOP}]}) for i in range(n)
-                )
-            sent = time.time() - first_send
-        deadline = time.monotonic() + GIVE_UP_S
-        done = 0
-        with psycopg.connect(s.dsn, autocommit=True) as conn:
-            while time.monotonic() < deadline:
-                (done,) = conn.execute("SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'").fetchone()  # type: ignore[misc]
-                if done >= n:
-                    break
-                time.sleep(0.5)
-            (last,) = conn.execute("SELECT extract(epoch FROM max(finished_at)) FROM tasks").fetchone()  # type: ignore[misc]
-            (others,) = conn.execute("SELECT count(*) FROM tasks WHERE status <> 'SUCCEEDED'").fetchone()  # type: ignore[misc]
-            hops = {name: conn.execute(HOP.format(a=a, b=b)).fetchone()[0] for name, (a, b) in HOPS.items()}  # type: ignore[index]
-            shape = phases(conn, first_send)
-        after = {name: tree_cpu(pid) for name, pid in pids.items()}
-        machine = machine_shares(ticks, machine_ticks())
-        if spy is not None:
-            spy.wait()
+    s = settings_of(env)
+    pids = services(env)
+    before = {name: tree_cpu(pid) for name, pid in pids.items()}
+    ticks = machine_ticks()
+    spy = None
+    stacks = RESULTS / f"throughput-worker-{kind}-{workload}.stacks"
+    if profile and shutil.which("py-spy"):
+        spy = subprocess.Popen(
+            ["py-spy", "record", "-p", str(pids["worker-0"]), "-d", str(int(profile)), "--format", "raw",
+             "-o", str(stacks), "-s"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    with Client(s, issuer="bench") as client:
+        first_send = time.time()
+        if workload == "dag":
+            doc = {"tenant": tenant, "tasks": [{"name": f"t{i}", **NOOP} for i in range(n)]}
+            client.submit(parse_document(doc))
+        else:  # one command per task, produced back to back (Client.submit_many)
+            client.submit_many(
+                parse_document({"tenant": tenant, "tasks": [{"name": f"t{i}", **NOOP}]}) for i in range(n)
+            )
+        sent = time.time() - first_send
+    deadline = time.monotonic() + GIVE_UP_S
+    done = 0
+    with psycopg.connect(s.dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            (done,) = conn.execute(
+                "SELECT count(*) FROM tasks WHERE tenant = %s AND status = 'SUCCEEDED'", (tenant,)
+            ).fetchone()  # type: ignore[misc]
+            if done >= n:
+                break
+            time.sleep(0.5)
+        (last,) = conn.execute(
+            "SELECT extract(epoch FROM max(finished_at)) FROM tasks WHERE tenant = %s", (tenant,)
+        ).fetchone()  # type: ignore[misc]
+        (others,) = conn.execute(
+            "SELECT count(*) FROM tasks WHERE tenant = %s AND status <> 'SUCCEEDED'", (tenant,)
+        ).fetchone()  # type: ignore[misc]
+        hops = {name: conn.execute(HOP.format(a=a, b=b), (tenant,)).fetchone()[0] for name, (a, b) in HOPS.items()}  # type: ignore[index]
+        shape = phases(conn, tenant, first_send)
+    after = {name: tree_cpu(pid) for name, pid in pids.items()}
+    machine = machine_shares(ticks, machine_ticks())
+    if spy is not None:
+        spy.wait()
     took = float(last) - first_send if last is not None else None
     cpu = {name: round((after[name] - before[name]) / max(done, 1) * 1000, 3) for name in pids}
     where = where_the_time_goes(stacks) if spy is not None and stacks.exists() else None
@@ -192,8 +232,16 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--workload", choices=("dag", "single", "both"), default="both")
     ap.add_argument("--profile", type=float, default=0.0, help="py-spy the worker for this many seconds")
+    ap.add_argument(
+        "--warm-seconds",
+        type=float,
+        default=180.0,
+        help="run every run on one stack, after running the workloads on it for this long (0: a fresh stack per run)",
+    )
     add_set_option(ap)
     args = ap.parse_args()
+    if args.warm_seconds < 0:
+        ap.error("--warm-seconds cannot be negative")
     extra = set_settings(ap, args.set)
     workloads = ["dag", "single"] if args.workload == "both" else [args.workload]
     for kind in kinds(args.engines):
@@ -202,21 +250,36 @@ def main() -> int:
             "engines": kind,
             "aim": "1,000 tasks/s end to end on 2 cores, every service local",
             "settings": extra,
+            "stack": "a fresh stack per run"
+            if not args.warm_seconds
+            else f"one stack for every run, after {args.warm_seconds:g} s of the same workloads on it",
         }
-        for workload in workloads:
-            runs = []
-            for i in range(args.runs):
-                runs.append(once(kind, workload, args.tasks, args.profile if i == 0 else 0.0, extra))
-                print(f"{kind} {workload} run {i + 1}: {runs[-1]}", flush=True)
-            report[workload] = {
-                "when": when(),
-                "tasks_per_second": summary([r["tasks_per_second"] for r in runs]),
-                "cpu_ms_per_task_total": summary([r["cpu_ms_per_task_total"] for r in runs]),
-                "each_run": runs,
-            }
+        with contextlib.ExitStack() as shared:
+            env = None
+            if args.warm_seconds:
+                env = shared.enter_context(embedded_stack(kind, **extra))
+                report["warm_up_runs"] = warm_up(env, kind, workloads, args.tasks, args.warm_seconds)
+            for workload in workloads:
+                runs = []
+                for i in range(args.runs):
+                    profile = args.profile if i == 0 else 0.0
+                    if env is None:
+                        runs.append(once(kind, workload, args.tasks, profile, extra))
+                    else:
+                        runs.append(measured(env, kind, workload, args.tasks, profile, f"bench-{workload}-{i}"))
+                    print(f"{kind} {workload} run {i + 1}: {runs[-1]}", flush=True)
+                report[workload] = {
+                    "when": when(),
+                    "tasks_per_second": summary([r["tasks_per_second"] for r in runs]),
+                    "cpu_ms_per_task_total": summary([r["cpu_ms_per_task_total"] for r in runs]),
+                    "each_run": runs,
+                }
         report["when"] = when()
-        # a profiled run is slowed by py-spy: its figures go to a file of their own
-        suffix = ("-profile" if args.profile else "") + ("-set" if extra else "")
+        # a profiled run is slowed by py-spy: its figures go to a file of their own; so do fresh
+        # stacks' and a changed setting's
+        suffix = (
+            ("-profile" if args.profile else "") + ("" if args.warm_seconds else "-fresh") + ("-set" if extra else "")
+        )
         path = RESULTS / f"throughput-{kind}{suffix}.json"
         if path.exists():  # a run of one workload keeps the other's last figures (each has its "when")
             kept = json.loads(path.read_text())

@@ -215,12 +215,13 @@ class Taskstream:
     """An embedded stack (workers=0) with the one worker the bench starts itself: after burn_pre's tasks
     are admitted, or before the first other workload (and warmed up by one task)."""
 
-    def __init__(self) -> None:
+    def __init__(self, quick: bool = False) -> None:
         import psycopg
 
         from taskstream.sdk import Client
 
-        self.stack = embedded_stack("kafka", workers="0")
+        # --quick's stack lives a minute or two: its JVMs compile with C1 alone, as the tests' stacks do
+        self.stack = embedded_stack("kafka", workers="0", **({"jvm_jit": "quick"} if quick else {}))
         self.env = self.stack.__enter__()
         s = settings_of(self.env)
         self.pids = services(self.env)
@@ -461,7 +462,7 @@ def main() -> int:
             got: dict[str, list[dict[str, Any]]] = {w: [] for w in workloads}
             for i in range(runs):
                 # taskstream: one stack a round, burn_pre first (before its worker starts)
-                ours = Taskstream() if system == "taskstream" else None
+                ours = Taskstream(args.quick) if system == "taskstream" else None
                 rates: list[float] = []  # latency's: shares of this round's burn_single rate
                 try:
                     for workload in sorted(workloads, key=lambda w: w != "burn_pre"):

@@ -217,10 +217,11 @@ def _maven_error(lines: list[str]) -> str:
 
 
 def jit_options(settings: Settings) -> list[str]:
-    """The JIT compiler options of an embedded engine's JVM (Settings.jvm_jit). "quick": C1 only. On
-    2 cores, C2's compiler threads took 1.2 ms of the broker's 2.6 ms of CPU per task and 1.4 of
-    Neo4j's 2.1, after a 3,000-task warm-up; with C1 alone the broker's requests cost ~20% more and the
-    compiling all but stopped (1.45 and 0.64 ms per task, docs/measurements.md)."""
+    """The JIT compiler options of an embedded engine's JVM (Settings.jvm_jit). "full" (the default):
+    the JVM's own tiered compilation. "quick": C1 only, which spares a short-lived stack C2's compiling
+    (on 2 cores its threads took about half of both servers' CPU in a stack's first minutes) at the
+    price of ~25-30% more of the broker's CPU per task once a stack has been up a while
+    (docs/measurements.md)."""
     return ["-XX:TieredStopAtLevel=1"] if settings.jvm_jit == "quick" else []
 
 

@@ -64,6 +64,9 @@ def stack_env(state_dir: Path, kind: str = "kafka") -> dict[str, str]:
     env.update({f"TASKSTREAM_{name}_PORT": str(port) for name, port in zip(PORTS, free_ports(len(PORTS)), strict=True)})
     env["TASKSTREAM_STATE_DIR"] = str(state_dir)
     env.update(KINDS[kind])
+    # A test's stack lives minutes: C1 alone spares it C2's compiling (the default, "full", is for a
+    # stack that stays up; test_readme runs the main command with it)
+    env["TASKSTREAM_JVM_JIT"] = "quick"
     return env
 
 

@@ -108,6 +108,7 @@ def dumps(rec: TaskRecord) -> bytes:
         "updated_ms": s.updated_ms,
         "fenced_claims": list(s.fenced_claims),
         "lease_expiries": s.lease_expiries,
+        "failures": s.failures,
         "cancelled_claim": s.cancelled_claim,
         "lane": s.lane,
         "limited_claim": s.limited_claim,
@@ -122,6 +123,12 @@ def dumps(rec: TaskRecord) -> bytes:
             "rechecks": rec.rechecks,
         }
     )
+
+
+def _failures_before(d: dict[str, Any]) -> int:
+    """A record saved before `failures` was kept: the failed runs as that code counted them, every
+    attempt before the current one (and the current one too, while it waits to be retried)."""
+    return max(0, int(d["attempt"]) - 1) + (d["status"] == Status.RETRY_WAIT.value)
 
 
 def loads(raw: bytes) -> TaskRecord:
@@ -142,6 +149,7 @@ def loads(raw: bytes) -> TaskRecord:
         updated_ms=d["updated_ms"],
         fenced_claims=tuple(d.get("fenced_claims", ())),
         lease_expiries=int(d.get("lease_expiries", 0)),
+        failures=int(d["failures"]) if "failures" in d else _failures_before(d),
         cancelled_claim=d.get("cancelled_claim"),
         lane=d.get("lane", "default"),
         limited_claim=d.get("limited_claim"),

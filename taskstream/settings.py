@@ -119,7 +119,8 @@ class Settings:
     output_tail_bytes: int = 4096
     # Leases (the seed's visibility timeout): a claim is the worker's for lease_ms after its last
     # heartbeat (sent every heartbeat_ms while it holds the claim); the owner expires it lease_grace_ms
-    # after that and runs the task again, up to lease_expiry_limit times before dead-lettering it.
+    # after that and runs the task again; past lease_expiry_limit leases that expired while it ran (a
+    # claim that never started does not count), it is dead-lettered.
     lease_ms: int = 10_000
     heartbeat_ms: int = 2_000
     lease_grace_ms: int = 2_000

@@ -357,7 +357,7 @@ def test_dlq_lists_dead_letters_and_retry_runs_one_again_as_a_new_task(stack: St
         listed = json.loads(stack.cli("dlq", "list", "--json").stdout)
         mine = [t for t in listed["tasks"] if t["task_id"] == gated]
         assert len(mine) == 1 and mine[0]["name"] == "gated" and mine[0]["attempts"] == 1
-        assert "exit status 3; 1 attempt(s), retry limit reached" in mine[0]["reason"]
+        assert "exit status 3; 1 attempt(s) failed, retry limit reached" in mine[0]["reason"]
         assert after not in {t["task_id"] for t in listed["tasks"]}  # cancelled, not dead-lettered
         assert any(r["topic"] == stack.settings.topic("commands") and "magic byte" in r["reason"]
                    for r in listed["records"])  # fmt: skip

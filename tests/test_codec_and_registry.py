@@ -554,3 +554,25 @@ def test_a_kept_task_record_loads_as_decoded_and_is_never_shared(spec: Any, deps
     assert state_codec.load("t1", other) == loads(other)  # not the kept record: decoded
     state_codec._RECORDS.clear()
     assert state_codec.load("t1", raw) == loads(raw)
+
+
+@pytest.mark.parametrize(
+    ("status", "attempt", "failures"),
+    [("RUNNING", 1, 0), ("RUNNING", 3, 2), ("RETRY_WAIT", 2, 2), ("QUEUED", 0, 0)],
+)
+def test_a_task_record_saved_before_failures_were_kept_reads_them_as_that_code_counted(
+    status: str, attempt: int, failures: int
+) -> None:
+    """A table written by a worker of an earlier version has no `failures`: every attempt before the
+    current one counts as a failed run (the current one too while it waits to be retried), which is
+    what that version's retry decision counted. A record that has the field keeps what it says."""
+    import orjson
+    from taskstream.streams.state_codec import TaskRecord, dumps, loads
+
+    from taskstream.core.model import Status, TaskState
+
+    new = dumps(TaskRecord(TaskState("t1", Status(status), 7, None, "s", attempt=attempt, failures=0)))
+    assert loads(new).state.failures == 0
+    old = orjson.loads(new)
+    del old["state"]["failures"]
+    assert loads(orjson.dumps(old)).state.failures == failures

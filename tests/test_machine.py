@@ -223,11 +223,45 @@ def test_a_run_over_a_limit_is_ordered_killed_once_and_its_end_comes_from_its_wo
 
 
 def test_a_stale_expiry_is_refused_and_expiries_past_the_limit_dead_letter() -> None:
-    fresh = given_(EXPIRED + [e.TaskQueued(2, "default"), e.TaskClaimed(2, "w2", "claim-2")])
+    claimed = EXPIRED + [e.TaskQueued(2, "default"), e.TaskClaimed(2, "w2", "claim-2")]
+    fresh = given_(claimed + [e.TaskStarted("claim-2", "w2", 78)])
     assert isinstance(decide(fresh, c.ExpireLease("claim-1", 80, limit=3)), Rejection)  # an old timer
     out = decide(fresh, c.ExpireLease("claim-2", 80, limit=1))
     assert isinstance(out, list) and isinstance(out[-1], e.TaskDeadLettered)
     assert "2 lease(s) expired, the limit is 1" in out[-1].reason
+
+
+def test_a_lease_that_expires_before_its_task_started_is_not_held_against_the_task() -> None:
+    """A worker that dies with claims waiting for a slot leaves them to expire: the task never ran, so
+    however often that happens it runs again, and only runs count towards the limit."""
+    history = list(CLAIMED)
+    for n in range(1, 5):
+        out = decide(given_(history), c.ExpireLease(f"claim-{n}", 10 * n, limit=1))
+        assert isinstance(out, list) and isinstance(out[-1], e.TaskReady), out
+        history += [*out, e.TaskQueued(n + 1, "default"), e.TaskClaimed(n + 1, "w1", f"claim-{n + 1}")]
+    state = given_(history)
+    assert state.lease_expiries == 0 and state.attempt == 5
+    ran = given_([*history, e.TaskStarted("claim-5", "w1", 9)])
+    out = decide(ran, c.ExpireLease("claim-5", 90, limit=1))
+    assert isinstance(out, list) and isinstance(out[-1], e.TaskReady)  # the first run lost: within the limit
+    assert given_([*history, e.TaskStarted("claim-5", "w1", 9), *out]).lease_expiries == 1
+
+
+def test_releases_and_expired_leases_do_not_use_up_the_retries() -> None:
+    """retry_limit counts failed runs: a task handed back by a stopping worker, or whose lease expired,
+    still gets every retry it was given, and one past them is dead-lettered."""
+    released = decide(given_(LEASED), c.ReleaseTask("claim-1", "worker stopping", 40))
+    expired = [e.TaskLeaseExpired("claim-2", "w2", 2, "expired"), e.TaskReady("expired: run again")]
+    history = [*LEASED, *released, e.TaskQueued(2, "d"), e.TaskClaimed(2, "w2", "claim-2"),
+               e.TaskStarted("claim-2", "w2", 5), *expired, e.TaskQueued(3, "d"), e.TaskClaimed(3, "w3", "claim-3"),
+               e.TaskStarted("claim-3", "w3", 6)]  # fmt: skip
+    out = decide(given_(history), c.FinishTask("claim-3", 2, "boom", 5, "", 60))
+    assert isinstance(out, list) and out[-1] == e.TaskRetryScheduled(4, 60 + 1_000, 1_000)  # the first backoff
+    history += [*out, e.TaskReady("retry 4 due"), e.TaskQueued(4, "d"), e.TaskClaimed(4, "w3", "claim-4"),
+                e.TaskStarted("claim-4", "w3", 7)]  # fmt: skip
+    out = decide(given_(history), c.FinishTask("claim-4", 2, "boom", 5, "", 70))
+    assert isinstance(out, list) and isinstance(out[-1], e.TaskDeadLettered)
+    assert out[-1].reason == "exit status 2; 2 attempt(s) failed, retry limit reached" and out[-1].attempts == 4
 
 
 def test_not_before_holds_a_task_back_until_its_time() -> None:
@@ -331,7 +365,9 @@ def test_terminal_states_are_final(commands: list[c.Command]) -> None:
 def test_a_task_never_starts_without_a_claim_and_attempts_never_exceed_the_limit(commands: list[c.Command]) -> None:
     _, history, _ = _drive(commands)
     state = TaskState(task_id=T)
+    failed = 0  # runs that failed, not counting the kill of a cancelled one
     for ev in history:
+        failed += isinstance(ev, e.TaskFailed) and state.status is not Status.CANCELLED
         if isinstance(ev, e.TaskStarted):
             assert state.status is Status.CLAIMED and state.claim is not None
             assert ev.claim_id == state.claim.claim_id
@@ -344,3 +380,6 @@ def test_a_task_never_starts_without_a_claim_and_attempts_never_exceed_the_limit
     # an expired lease or a release raises the attempt count without using up the task's retries
     lost = sum(isinstance(ev, e.TaskLeaseExpired | e.TaskReleased) for ev in history)
     assert state.attempt <= SPEC.retry_limit + 1 + lost
+    assert failed <= SPEC.retry_limit + 1 and state.failures == failed
+    if any(isinstance(ev, e.TaskDeadLettered) and "retry limit" in ev.reason for ev in history):
+        assert failed == SPEC.retry_limit + 1  # dead-lettered for its failures only once they ran out

@@ -180,7 +180,9 @@ def _expire(state: TaskState, command: c.Command, cid: str, limit: int) -> list[
         return _reject(state, command, f"its claim is {claim.claim_id if claim else 'none'}, not {cid}")
     why = f"the lease of claim {cid} (worker {claim.worker}, attempt {claim.attempt}) expired"
     expired = e.TaskLeaseExpired(claim_id=cid, worker=claim.worker, attempt=claim.attempt, reason=why)
-    if state.lease_expiries + 1 > limit:
+    # Only a run counts towards the limit (a task whose runs take their workers down): a claim that never
+    # started expires when its worker dies with claims waiting for a slot, through no fault of the task.
+    if state.status is S.RUNNING and state.lease_expiries + 1 > limit:
         gone = f"{why}; {state.lease_expiries + 1} lease(s) expired, the limit is {limit}"
         return [expired, e.TaskDeadLettered(reason=gone, attempts=state.attempt)]
     return [expired, e.TaskReady(reason=f"{why}: run again")]
@@ -196,13 +198,13 @@ def _finish(
         return [e.TaskSucceeded(claim_id=cid, exit_code=0, output_tail=tail, duration_ms=dur)]
     reason = why or (f"exit status {code}" if code is not None else "did not start")
     failed = e.TaskFailed(claim_id=cid, exit_code=code, output_tail=tail, duration_ms=dur, reason=reason)
-    if state.attempt <= state.spec.retry_limit:
-        delay = compute_backoff(state.attempt, state.spec.backoff, rand)
+    # retries count failed runs, not attempts: a release or an expired lease also raises the attempt
+    failures = state.failures + 1
+    if failures <= state.spec.retry_limit:
+        delay = compute_backoff(failures, state.spec.backoff, rand)
         return [failed, e.TaskRetryScheduled(next_attempt=state.attempt + 1, due_ms=at + delay, backoff_ms=delay)]
-    return [
-        failed,
-        e.TaskDeadLettered(reason=f"{reason}; {state.attempt} attempt(s), retry limit reached", attempts=state.attempt),
-    ]
+    why = f"{reason}; {failures} attempt(s) failed, retry limit reached"
+    return [failed, e.TaskDeadLettered(reason=why, attempts=state.attempt)]
 
 
 @singledispatch
@@ -255,7 +257,7 @@ def _(ev: e.TaskSucceeded, s: TaskState) -> dict[str, Any]:
 def _(ev: e.TaskFailed, s: TaskState) -> dict[str, Any]:
     if s.status is S.CANCELLED:  # the cancelled run's end: the task stays cancelled, for the same reason
         return dict(exit_code=ev.exit_code, cancelled_claim=None)
-    return dict(exit_code=ev.exit_code, reason=ev.reason)
+    return dict(exit_code=ev.exit_code, reason=ev.reason, failures=s.failures + 1)
 
 
 @_changes.register
@@ -282,7 +284,8 @@ def _(ev: e.TaskReprioritized, s: TaskState) -> dict[str, Any]:
 @_changes.register
 def _(ev: e.TaskLeaseExpired, s: TaskState) -> dict[str, Any]:
     fenced = (*s.fenced_claims, ev.claim_id)[-FENCED_KEPT:]
-    return dict(claim=None, fenced_claims=fenced, lease_expiries=s.lease_expiries + 1, reason=ev.reason)
+    ran = s.status is S.RUNNING
+    return dict(claim=None, fenced_claims=fenced, lease_expiries=s.lease_expiries + ran, reason=ev.reason)
 
 
 @_changes.register

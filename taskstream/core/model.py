@@ -69,7 +69,7 @@ class TaskSpec:
     working_dir: str | None = None
     resources: Resources = field(default_factory=Resources)
     execution_cap_ms: int = 3_600_000
-    retry_limit: int = 0  # retries after the first attempt
+    retry_limit: int = 0  # retries after a failed run (a run handed back or whose lease expired is not one)
     backoff: Backoff = field(default_factory=Backoff)
     delay_tolerance_ms: int = 0  # how long it may wait once ready; the batcher orders by it
     priority: int = 0  # higher runs first among equal delay tolerance
@@ -106,7 +106,8 @@ class TaskState:
     reason: str = ""  # why it is in its status, for people
     updated_ms: int = 0
     fenced_claims: tuple[str, ...] = ()  # claims whose leases expired (the newest few): reports refused
-    lease_expiries: int = 0
+    lease_expiries: int = 0  # leases that expired while it ran (a claim never started is not counted)
+    failures: int = 0  # attempts that ran and failed: what retry_limit counts (a release or an expiry is not one)
     cancelled_claim: str | None = None  # the claim it was running under when cancelled: its kill is recorded
     lane: str = "default"  # the queue lane of its current or last attempt
     limited_claim: str | None = None  # the claim whose run the resource manager ordered killed

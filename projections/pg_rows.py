@@ -212,21 +212,26 @@ def fold(records: Iterable[r.EventRecord]) -> PgWrites:
         if isinstance(p, r.TasksAdmitted):  # each task's TaskSubmitted + TaskAdmitted: one new row each
             assert at is not None
             for t in p.tasks:
+                # before the batch's dedupe: a copy of the record counts whichever batch it falls in, so
+                # live (small batches) and a replay (large ones) see the same first and last times
+                _seen(w.tenants, t.spec.tenant, at)
                 if folded.get(t.task_id, 0) >= 2:
                     continue
                 folded[t.task_id] = 2
                 w.new_tasks.setdefault(t.task_id, _admitted_row(t.task_id, t.submission(rec), t.spec, at))
-                _seen(w.tenants, t.spec.tenant, at)
             continue
         tid = rec.task_id
         assert tid is not None, f"task event {rec.event_id} without a task id"
+        if isinstance(p, e.TaskSubmitted):  # seen whatever the batch, as above
+            assert at is not None
+            _seen(w.tenants, p.spec.tenant, at)
+        elif isinstance(p, e.TaskClaimed) and at is not None:
+            _seen(w.workers, p.worker, at)
         if rec.version <= folded.get(tid, 0):
             continue  # a duplicate delivery within the batch
         folded[tid] = rec.version
         if isinstance(p, e.TaskSubmitted):
             w.new_tasks.setdefault(tid, _task_row(tid, rec, p, at))
-            assert at is not None
-            _seen(w.tenants, p.spec.tenant, at)
             continue
         cols, upsert, claim_patch = _changes(p, at)
         if type(p) in BATCHER_NEWS:
@@ -236,8 +241,6 @@ def fold(records: Iterable[r.EventRecord]) -> PgWrites:
         patch.cols.update(cols)
         if upsert is not None:
             w.attempt_upserts.setdefault((tid, upsert[0]), {}).update(upsert[1])
-            if "worker" in upsert[1] and at is not None:
-                _seen(w.workers, upsert[1]["worker"], at)
         if claim_patch is not None:
             w.attempt_patches.setdefault((tid, claim_patch[0]), {}).update(claim_patch[1])
     return w

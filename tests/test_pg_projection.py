@@ -155,3 +155,32 @@ def test_a_packed_admission_projects_to_the_rows_its_events_do(dsn: str) -> None
                                                       ("b", "WAITING", 2)]  # fmt: skip
         with psycopg.connect(dsn) as conn:
             conn.execute("TRUNCATE tasks CASCADE")
+
+
+def test_tenants_and_workers_rows_do_not_depend_on_where_batches_end(dsn: str) -> None:
+    """A record can be in the log twice: a worker that took a partition over decides an input again and
+    writes the same event (same id and version) a little later. Live, the copy comes in a batch of its
+    own; a replay reads both in one. The tenants' and workers' first and last times count every copy,
+    so both give the same rows (a replay once found a tenant's last_submission differing from live)."""
+    evs = history()
+    late = [
+        EventRecord(rec.event_id, rec.task_id, rec.submission_id, rec.version, rec.event_ms + 5_000, "n2", rec.payload)
+        for rec in evs
+        if isinstance(rec.payload, e.TaskSubmitted | e.TaskClaimed)
+    ]
+    log = evs + late
+
+    def rows() -> list[tuple[object, ...]]:
+        with psycopg.connect(dsn) as conn:
+            got = conn.execute("SELECT tenant, first_seen, last_submission FROM tenants ORDER BY 1").fetchall()
+            got += conn.execute("SELECT worker_id, first_seen, last_seen FROM workers ORDER BY 1").fetchall()
+            conn.execute("TRUNCATE tasks, attempts, tenants, workers CASCADE")
+        return got
+
+    proj = PgProjection(dsn)
+    proj.apply(Batch("events", [Item(0, i, 0, r) for i, r in enumerate(log)], {0: len(log)}))  # a replay
+    together = rows()
+    for i, rec in enumerate(log):  # live: one record at a time
+        proj.apply(Batch("events", [Item(0, i, 0, rec)], {0: i + 1}))
+    assert rows() == together
+    assert [r[2].timestamp() * 1000 for r in together] == [1_001 + 5_000, 1_011 + 5_000]  # the copies' times

@@ -72,21 +72,38 @@ class Taken(Exception):
         self.path, self.pid = path, pid
 
 
+def _pids(text: str) -> list[int]:
+    return [int(line) for line in text.split() if line.isdigit()]
+
+
+def last_holder(path: Path) -> int | None:
+    """The pid of the last process other than this one that held `path` (what `hold` keeps there), or
+    None. Once this process holds the lock, that one is gone."""
+    try:
+        pids = _pids(path.read_text())
+    except OSError:
+        return None
+    return next((p for p in pids if p != os.getpid()), None)
+
+
 def hold(path: Path) -> IO[str]:
-    """Lock `path` for the rest of this process's life, with this pid written in it; the kernel lets go
-    when the process ends, however it ends (SIGKILL included), so a stale lock never refuses anyone.
-    Keep the returned file open. Taken if a live process holds it."""
+    """Lock `path` for the rest of this process's life, with this pid written in it (and, on the next
+    line, the last other holder's: `last_holder`); the kernel lets go when the process ends, however it
+    ends (SIGKILL included), so a stale lock never refuses anyone. Keep the returned file open. Taken
+    if a live process holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     f = path.open("a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0)
-        text = f.read().strip()
+        pids = _pids(f.read())
         f.close()
-        raise Taken(path, int(text) if text.isdigit() else None) from None
+        raise Taken(path, pids[0] if pids else None) from None
+    f.seek(0)
+    before = next((p for p in _pids(f.read()) if p != os.getpid()), None)
     f.truncate(0)
-    f.write(str(os.getpid()))
+    f.write(f"{os.getpid()}\n" + (f"{before}\n" if before else ""))
     f.flush()
     return f
 

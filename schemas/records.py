@@ -303,6 +303,18 @@ class LimitExceeded:
 
 
 @dataclass(frozen=True, slots=True)
+class HolderGone:
+    """From a worker started again under the index of one whose process is gone (streams/worker.py
+    successor_sweep): `worker`, the dead holder, held this claim. Its owner expires the lease now, as the
+    lease timer would have once it ran out (a running task's expiry counts towards the limit), if the
+    claim is still the task's and `worker`'s."""
+
+    claim_id: str
+    worker: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Inputs:
     """Several inputs of one partition in one record, in order: what one worker sent at the same moment
     (claims, reports, heartbeats of its tasks). Members are never packs themselves."""
@@ -325,6 +337,7 @@ InputBody = (
     | Schedule
     | Promote
     | LimitExceeded
+    | HolderGone
 )
 
 
@@ -406,5 +419,6 @@ INPUT_BODIES: dict[str, type] = {
         Schedule,
         Promote,
         LimitExceeded,
+        HolderGone,
     )
 }

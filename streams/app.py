@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,7 @@ from taskstream.connectors.faust_patches import (
     track_heartbeats,
 )
 from taskstream.connectors.kafka import faust_app_id, make_codec
-from taskstream.connectors.keeper import Keeper, Taken, hold
+from taskstream.connectors.keeper import Keeper, Taken, hold, last_holder
 from taskstream.connectors.services import ready_file
 from taskstream.connectors.table_state import TableState
 from taskstream.schemas.codec import DecodeError
@@ -57,6 +58,7 @@ from taskstream.streams.worker import (
     InOrderAcks,
     LocalClaims,
     Reports,
+    release_predecessor,
 )
 
 from taskstream import gc_policy
@@ -107,7 +109,9 @@ class HeldPartitions:
         return partitions
 
 
-def build_app(settings: Settings, index: int = 0) -> faust.App:
+def build_app(settings: Settings, index: int = 0, predecessor: str | None = None) -> faust.App:
+    """The worker's Faust app. `predecessor`: the id of the worker that last ran under this index and
+    whose process is gone; its claims are expired at once (streams/worker.release_predecessor)."""
     s = settings
     node = s.node_id or f"{s.node}-w{index}"
     app = faust.App(
@@ -461,6 +465,13 @@ def build_app(settings: Settings, index: int = 0) -> faust.App:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
         log.info("worker %s ready", node)
+        if predecessor is not None and predecessor != node:
+            try:
+                n = await release_predecessor(ctx(), predecessor, s.dsn)
+            except Exception as exc:  # the leases expire as they would have: nothing is lost
+                log.warning("worker %s: could not expire the claims of %s, gone: %s", node, predecessor, exc)
+            else:
+                log.info("worker %s: %d claim(s) of %s, gone, sent to be expired now", node, n, predecessor)
 
     return app
 
@@ -521,12 +532,17 @@ def run_worker(settings: Settings, index: int) -> None:
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     # One process per worker index and state directory: a second would share the first one's table
     # store and node id. Held until this process ends.
+    lock = settings.state_dir / "faust" / f"worker-{index}.lock"
+    before = last_holder(lock)
     _held.append(hold_index(settings, index))
+    # The lock was free, so whoever wrote its pid there is gone: its claims need not wait for their
+    # leases. A node id set by hand is the same for its successor, whose own claims are not told apart.
+    predecessor = f"{socket.gethostname()}-{before}-w{index}" if before and not settings.node_id else None
     broker.install_client_patches(settings, settings.state_dir / "faust" / f"worker-{index}.member")
     read_committed_only()
     ack_processed_only()
     merge_gaps_locally()
     seek_uncommitted_to_beginning({settings.topic(t) for t in ("events", "task-inputs", "queue")})
-    app = build_app(settings, index)
+    app = build_app(settings, index, predecessor)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)
     worker.execute_from_commandline()

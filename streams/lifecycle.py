@@ -419,6 +419,12 @@ class Lifecycle:
                     cmds.append(c.ExpireLease(claim.claim_id, at, self.ctx.settings.lease_expiry_limit))
             case r.ReleaseClaim(claim_id=cid, reason=why):
                 cmds.append(c.ReleaseTask(cid, why, at))
+            case r.HolderGone(claim_id=cid, worker=w, reason=why):
+                claim = record.state.claim
+                if claim is None or claim.claim_id != cid or claim.worker != w or record.state.status not in LEASED:
+                    return  # ended, or claimed again since: nothing to do
+                log.info("lifecycle: task %s: %s; its claim %s expires now", inp.task_id, why, cid)
+                cmds.append(c.ExpireLease(cid, at, self.ctx.settings.lease_expiry_limit))
             case r.TimerFired(purpose="recheck"):
                 if record.state.status is not Status.WAITING:
                     self._save(record, None)

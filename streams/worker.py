@@ -15,7 +15,9 @@ reported as such; so is a run whose task is cancelled (the worker sees TaskCance
 one the resource manager found over a limit (TaskLimitExceeded for its claim, streams/resources.py):
 each advertisement reports the running tasks' resident memory and run time for that. Task
 processes die with their worker (connectors/keeper.py). Told to stop, a worker gives its running tasks
-`drain_ms` to finish, then kills them and hands them back (ReleaseClaim).
+`drain_ms` to finish, then kills them and hands them back (ReleaseClaim). Started again under the
+index of a worker whose process is gone, a worker has the owners expire that one's claims at once
+(`release_predecessor`) instead of a lease after its last heartbeat.
 """
 
 from __future__ import annotations
@@ -492,6 +494,35 @@ class LocalClaims:
         for run in list(self.runs):
             run.cancel()
         await asyncio.gather(*self.runs, return_exceptions=True)
+
+
+# The claims a worker held as the read model last heard: the task's current attempt, claimed or running.
+HELD_BY = (
+    "SELECT t.task_id::text, a.claim_id FROM tasks t JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt"
+    " WHERE t.worker = %s AND t.status IN ('CLAIMED', 'RUNNING') AND a.claim_id IS NOT NULL AND a.ended_at IS NULL"
+)
+
+
+async def release_predecessor(ctx: Context, predecessor: str, dsn: str) -> int:
+    """The claims `predecessor` (a worker whose process is gone: this one took its index's lock) held, as
+    the read model says, each sent to its task's owner as HolderGone: the owner expires the lease now
+    (if the claim is still that worker's) instead of lease_ms + lease_grace_ms after its last heartbeat.
+    A lone worker claims up to its slots, claim_ahead and the batcher's margin (dozens of tasks), which
+    its successor would otherwise wait a lease for. What the read model had not heard of yet expires as
+    before. Returns how many were sent."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        rows = await (await conn.execute(HELD_BY, (predecessor,))).fetchall()
+    why = f"its worker {predecessor} is gone (its successor {ctx.node} took its index)"
+    at = ctx.now_ms()
+    sends = [
+        (ctx.inputs, tid, ctx.input(tid, at, r.HolderGone(cid, predecessor, why), f"{cid}:holder-gone"))
+        for tid, cid in rows
+    ]
+    if sends:
+        await ctx.send_all(sends)
+    return len(sends)
 
 
 def claim_id_of(qt: r.QueuedTask, worker_id: str) -> str:

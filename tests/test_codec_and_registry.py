@@ -296,13 +296,13 @@ def test_inputs_packed_in_one_record_round_trip_and_the_input_schema_change_is_c
     registry: SchemaRegistryClient,
 ) -> None:
     """TaskInput gained a body that packs several inputs (Inputs, the union's last branch, so the earlier
-    branches keep their indexes), then Schedule, Promote and LimitExceeded, and FinishReport its
+    branches keep their indexes), then Schedule, Promote, LimitExceeded and HolderGone, and FinishReport its
     started_ms and pid: the registry takes each schema after the one before it (BACKWARD), and a pack
     round-trips to the same inputs in order."""
     new = json.loads(schema_text("input"))
     old = json.loads(schema_text("input"))
     union = old["fields"][4]["type"]
-    added = ["Inputs", "Schedule", "Promote", "LimitExceeded"]
+    added = ["Inputs", "Schedule", "Promote", "LimitExceeded", "HolderGone"]
     old["fields"][4]["type"] = [b for b in union if b["name"].split(".")[-1] not in added]
     finish = next(b for b in old["fields"][4]["type"] if b["name"].endswith("FinishReport"))
     finish["fields"] = [f for f in finish["fields"] if f["name"] not in ("started_ms", "pid")]
@@ -311,7 +311,7 @@ def test_inputs_packed_in_one_record_round_trip_and_the_input_schema_change_is_c
     assert names[-len(added) :] == [f"io.taskstream.{n}" for n in added]
     assert names[: -len(added)] == [b["name"] for b in old["fields"][4]["type"]]
     steps = [old]
-    for drop in range(len(added) - 1, -1, -1):  # with Inputs, then Schedule, Promote, LimitExceeded
+    for drop in range(len(added) - 1, -1, -1):  # with Inputs, then Schedule, Promote, LimitExceeded, ...
         step = json.loads(json.dumps(new))
         step["fields"][4]["type"] = step["fields"][4]["type"][: len(names) - drop]
         steps.append(step)
@@ -325,6 +325,7 @@ def test_inputs_packed_in_one_record_round_trip_and_the_input_schema_change_is_c
     ]
     members.append(r.InputRecord("i4", "t3", 8, "batcher", r.Promote("default")))
     members.append(r.InputRecord("i5", "t1", 9, "rm", r.LimitExceeded("c1", "memory", "over", "node-w2")))
+    members.append(r.InputRecord("i6", "t2", 10, "node-w0", r.HolderGone("c2", "node-1-w0", "its worker died")))
     packed = r.pack_inputs(members, "w")
     codec = Codec({"input": 4}, lambda sid: pytest.fail("no lookup expected"))
     got = codec.decode("input", codec.encode(packed))

@@ -273,6 +273,38 @@ def test_the_only_worker_restarted_after_a_sigkill_takes_its_work_back(workerles
     assert any(f"-{b.pid}-" in (w or "") for _, st, _, w, *_ in rows(workerless, sid) if st == "SUCCEEDED")
 
 
+def test_a_worker_started_again_under_its_index_has_its_dead_predecessor_s_claims_expired_at_once(
+    workerless: Stack, workers: Workers
+) -> None:
+    """A lone worker claims ahead for itself (dozens of tasks); SIGKILLed, its claims would wait out a
+    lease. Its successor under the same index (the lock was free: the process is gone) sends each of them
+    to its owner as HolderGone, and the owner expires them at once. With a 2-minute lease, every task
+    still runs again within a minute, each succeeding once, and the expiries are recorded."""
+    long_lease = {"TASKSTREAM_LEASE_MS": "120000"}
+    a = workers.start(0, env=long_lease)
+    marker = uuid.uuid4().hex[:8]
+    tasks: list[dict[str, Any]] = [{"name": f"t{i}", "argv": ["sh", "-c", f"sleep 2 # {marker}"]} for i in range(8)]
+    sid, ids = submit(workerless, tasks)
+    wait_until(lambda: running_on(workerless, sid, a), 60, "a task running on the worker", every=0.2)
+    held = {name for name, st, _, w, *_ in rows(workerless, sid) if st in ("CLAIMED", "RUNNING") and f"-{a.pid}-" in w}
+    a.send_signal(signal.SIGKILL)
+    a.wait(10)
+    b = workers.start(0, env=long_lease)
+    restarted = time.monotonic()
+    try:
+        wait_until(lambda: all_succeeded(workerless, sid, len(tasks)), 60, "every task to succeed", every=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its log:\n{workers.log(0)[-6000:]}") from None
+    print(f"\nevery task succeeded {time.monotonic() - restarted:.1f}s after the restarted worker was ready")
+    assert re.search(rf"([1-9]\d*) claim\(s\) of \S+-{a.pid}-w0, gone, sent to be expired now", workers.log(0))
+    stories = exactly_once(workerless, ids)
+    lost = {tid for tid, evs in stories.items() if any(isinstance(ev.payload, e.TaskLeaseExpired) for ev in evs)}
+    expired = {name for name, tid in ids.items() if tid in lost}
+    assert held and held <= expired, (held, expired)
+    ran_again = {name for name, _, _, w, *_ in rows(workerless, sid) if f"-{b.pid}-" in (w or "")}
+    assert held <= ran_again, (held, ran_again)
+
+
 def all_succeeded(stack: Stack, sid: str, n: int) -> bool:
     got = [st for _, st, *_ in rows(stack, sid)]
     return len(got) >= n and all(st == "SUCCEEDED" for st in got)

@@ -69,12 +69,7 @@ class Workers:
 
 
 def started_on(conn: Any, sid: str, pid: int) -> bool:
-    (n,) = conn.execute(
-        "SELECT count(*) FROM attempts a JOIN tasks t USING (task_id) WHERE t.submission_id = %s "
-        "AND a.started_at IS NOT NULL AND a.worker LIKE %s",
-        (sid, f"%-{pid}-w%"),
-    ).fetchone()
-    return bool(n)
+    return bool(started_tasks(conn, sid, pid))
 
 
 def started_tasks(conn: Any, sid: str, pid: int, unfinished: bool = False) -> set[str]:

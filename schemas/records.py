@@ -305,7 +305,7 @@ class LimitExceeded:
 @dataclass(frozen=True, slots=True)
 class HolderGone:
     """From a worker started again under the index of one whose process is gone (streams/worker.py
-    successor_sweep): `worker`, the dead holder, held this claim. Its owner expires the lease now, as the
+    release_predecessor): `worker`, the dead holder, held this claim. Its owner expires the lease now, as the
     lease timer would have once it ran out (a running task's expiry counts towards the limit), if the
     claim is still the task's and `worker`'s."""
 

@@ -20,6 +20,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -503,12 +504,15 @@ class WorkerIndexTaken(RuntimeError):
     pass
 
 
+def index_lock(settings: Settings, index: int) -> Path:
+    return settings.state_dir / "faust" / f"worker-{index}.lock"
+
+
 def hold_index(settings: Settings, index: int) -> Any:
     """The lock of worker `index` in this state directory (connectors/keeper.hold), or WorkerIndexTaken
     naming the worker that runs under it and what to do instead."""
-    path = settings.state_dir / "faust" / f"worker-{index}.lock"
     try:
-        return hold(path)
+        return hold(index_lock(settings, index))
     except Taken as taken:
         raise WorkerIndexTaken(
             f"worker {index} of {settings.state_dir} is already running (pid {taken.pid or '?'}); "
@@ -532,8 +536,7 @@ def run_worker(settings: Settings, index: int) -> None:
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     # One process per worker index and state directory: a second would share the first one's table
     # store and node id. Held until this process ends.
-    lock = settings.state_dir / "faust" / f"worker-{index}.lock"
-    before = last_holder(lock)
+    before = last_holder(index_lock(settings, index))
     _held.append(hold_index(settings, index))
     # The lock was free, so whoever wrote its pid there is gone: its claims need not wait for their
     # leases. A node id set by hand is the same for its successor, whose own claims are not told apart.

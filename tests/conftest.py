@@ -208,7 +208,15 @@ def gated(gate: Path) -> list[str]:
     return [sys.executable, "-c", GATE_WAIT, str(gate)]
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 120, what: str = "condition", every: float = 0.3) -> Any:
+def wait_until(
+    check: Callable[[], Any],
+    timeout: float = 120,
+    what: str = "condition",
+    every: float = 0.3,
+    show: Callable[[], Any] | None = None,
+) -> Any:
+    """`check()` once it is truthy; on timeout an AssertionError naming `what`, the last value and, if
+    given, what `show()` says of the state then (a predicate's None alone says nothing of why)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -216,7 +224,18 @@ def wait_until(check: Callable[[], Any], timeout: float = 120, what: str = "cond
         if last:
             return last
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+    seen = "" if show is None else f"; {show()!r}"
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}{seen}")
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Iterator[Path]:
+    """The gate file of a test's gated tasks (`gated`), created when the test ends whatever its outcome:
+    a test that fails before it opens the gate would otherwise leave a module's stack busy with its
+    tasks for two minutes, and every test after it on that stack failing for that alone."""
+    path = tmp_path / "gate"
+    yield path
+    path.touch()
 
 
 @pytest.hookimpl(trylast=True)

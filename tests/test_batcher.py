@@ -226,6 +226,16 @@ def statuses(stack: Stack, ids: Iterable[str]) -> dict[str, str]:
         return dict(got.fetchall())  # type: ignore[arg-type]
 
 
+def working(stack: Stack) -> dict[str, list[str]]:
+    """The tasks not ended, by status, as the read model has them: what a wait that timed out saw."""
+    with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
+        got = conn.execute(
+            "SELECT status, array_agg(name || '@' || attempt ORDER BY name) FROM tasks"
+            " WHERE status IN ('READY', 'QUEUED', 'CLAIMED', 'RUNNING', 'RETRY_WAIT') GROUP BY status"
+        )
+        return dict(got.fetchall())  # type: ignore[arg-type]
+
+
 def priority(stack: Stack, task_id: str) -> int | None:
     with psycopg.connect(stack.settings.dsn, autocommit=True) as conn:
         row = conn.execute("SELECT priority FROM tasks WHERE task_id = %s::uuid", (task_id,)).fetchone()
@@ -257,12 +267,11 @@ def most_at_once(spans: Iterable[tuple[int, int, float]]) -> float:
     return top
 
 
-def test_a_flood_waits_in_the_database_and_the_queue_never_holds_more_than_k(small: Stack, tmp_path: Path) -> None:
+def test_a_flood_waits_in_the_database_and_the_queue_never_holds_more_than_k(small: Stack, gate: Path) -> None:
     """While the worker is busy, a 40-task submission is still accepted and its tasks wait READY in the
     database; from the log, never more than K tasks were queued, claimed or running at once, and the
     tasks were queued in rank order: deadline (ready time + delay tolerance, to the second), then
     priority, highest first."""
-    gate = tmp_path / "gate"
     blockers = busy(small, gate)
     flood = [
         {"name": f"f{i}", "call": "time:sleep", "args": [0.05], "priority": i % 5,
@@ -297,14 +306,11 @@ def test_a_flood_waits_in_the_database_and_the_queue_never_holds_more_than_k(sma
     assert not late, [(spec[a]["name"], rank(a), spec[b]["name"], rank(b)) for a, b in late]
 
 
-def test_a_waiting_task_reprioritized_goes_first_and_one_cancelled_is_never_queued(
-    small: Stack, tmp_path: Path
-) -> None:
+def test_a_waiting_task_reprioritized_goes_first_and_one_cancelled_is_never_queued(small: Stack, gate: Path) -> None:
     """Reprioritizing or cancelling a task still in the database costs one row: the next promotion takes
     the reprioritized one before every other task of its deadline, and the cancelled one never reaches
     the queue (nothing depended on it; dependents of a cancelled task end cancelled, test_dispatch)."""
-    gate = tmp_path / "gate"
-    busy(small, gate)
+    blockers = busy(small, gate)
     sid, ids = submit(small, [{"name": f"w{i}", "call": "os:getpid"} for i in range(30)])
     wait_until(lambda: list(statuses(small, ids.values()).values()).count("READY") == 30, 30, "all 30 waiting")
     with Client(small.settings) as client:
@@ -315,6 +321,7 @@ def test_a_waiting_task_reprioritized_goes_first_and_one_cancelled_is_never_queu
     gate.touch()
     others = [t for n, t in ids.items() if n != "w28"]
     wait_until(lambda: set(statuses(small, others).values()) == {"SUCCEEDED"}, 120, "the other 29 to succeed")
+    wait_until(lambda: set(statuses(small, blockers.values()).values()) == {"SUCCEEDED"}, 30, "the busy tasks")
     log = history(small, set(ids.values()))
     assert first(log[ids["w28"]], e.TaskQueued) is None, story(small, ids["w28"])
     top = log[ids["w29"]]
@@ -325,7 +332,7 @@ def test_a_waiting_task_reprioritized_goes_first_and_one_cancelled_is_never_queu
     assert peers and all(mine <= first(log[t], e.TaskQueued).event_ms for t in peers)  # type: ignore[union-attr]
 
 
-def test_a_queued_task_reprioritized_is_taken_back_and_ranked_again(small: Stack, tmp_path: Path) -> None:
+def test_a_queued_task_reprioritized_is_taken_back_and_ranked_again(small: Stack, gate: Path) -> None:
     """One submission, so every task has the same deadline: K tasks of priority 10 that wait for a gate
     file (promoted first: two run, one is claimed ahead, the rest queued), then 10 no-ops of priority 0.
     The tasks still queued and unclaimed are reprioritized to -1: each is taken back (TaskUnqueued, READY
@@ -333,7 +340,6 @@ def test_a_queued_task_reprioritized_is_taken_back_and_ranked_again(small: Stack
     stale queue record, if claimed, is refused; it then runs once, as attempt 1 (the number given back).
     The gate opens only once they are READY again: with a timed sleep, a runner that finished before the
     reprioritize arrived let a queued sleeper be claimed first, and it was never taken back."""
-    gate = tmp_path / "gate"
     tasks = [{"name": f"b{i}", "argv": gated(gate), "priority": 10, "resources": {"cpu": 0.5}}
              for i in range(K)] + [{"name": f"n{i}", "call": "os:getpid"} for i in range(10)]  # fmt: skip
     sid, ids = submit(small, tasks)
@@ -345,7 +351,7 @@ def test_a_queued_task_reprioritized_is_taken_back_and_ranked_again(small: Stack
         waiting = [t for t, st in got.items() if st == "QUEUED"]
         return waiting if "READY" not in got.values() and len(waiting) == K - SLOTS - AHEAD else None
 
-    queued = wait_until(settled, 30, "the sleepers promoted, the claimers full")
+    queued = wait_until(settled, 30, "the sleepers promoted, the claimers full", show=lambda: working(small))
     with Client(small.settings) as client:
         for t in queued:
             client.reprioritize(t, -1)
@@ -438,9 +444,8 @@ def idle(stack: Stack, gate_open: bool, promoted: Iterable[str] = ()) -> bool:
 
 
 def test_tasks_the_owners_here_saw_leave_are_not_taken_though_the_read_model_still_says_so(
-    small: Stack, tmp_path: Path
+    small: Stack, gate: Path
 ) -> None:
-    gate = tmp_path / "gate"
     ids = list(busy(small, gate).values())
     working = {"QUEUED", "CLAIMED", "RUNNING"}
     wait_until(lambda: set(statuses(small, ids).values()) <= working and len(statuses(small, ids)) == K, 30, "busy")

@@ -6,7 +6,8 @@ So the lifecycle either waited a window for every input (latency when idle) or, 
 handled one-task admissions in batches of one to six, each a whole write (CPU when busy; docs/
 measurements.md, "The lifecycle's window"). `gathered` yields whatever has arrived as soon as the
 caller asks, and waits only when nothing has; what arrives while a batch is handled goes into the next
-one, up to `most` (then the stream waits: the consumer's own flow control holds the partitions).
+one, up to `most` (then the stream waits: the consumer's own flow control holds the partitions). An
+event may weigh more than one (`weight`): a record that packs many tasks counts as what it packs.
 
 Events are acked once the caller has handled their batch (it asks for the next one), as with
 `take_events`, so Faust commits an offset only once what it carried was decided.
@@ -15,25 +16,33 @@ Events are acked once the caller has handled their batch (it asks for the next o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 
-async def gathered(stream: Any, most: int) -> AsyncIterator[list[Any]]:
-    """The events of `stream` (a Faust stream, as an agent gets it) in batches of at most `most`."""
+def _one(event: Any) -> int:
+    return 1
+
+
+async def gathered(stream: Any, most: int, weight: Callable[[Any], int] = _one) -> AsyncIterator[list[Any]]:
+    """The events of `stream` (a Faust stream, as an agent gets it) in batches weighing at most `most`
+    (or one event alone, however heavy)."""
     pending: list[Any] = []
+    weighs = [0]  # what pending weighs
     arrived = asyncio.Event()  # pending is not empty
     room = asyncio.Event()  # pending is not full
     room.set()
 
     async def gather(value: Any) -> Any:  # a processor: runs for each value, in the stream's drainer
-        while len(pending) >= most:
-            room.clear()
-            await stream.wait(room)
         event = stream.current_event
         if event is None:
             raise RuntimeError("a gathered value came without its event")
+        heavy = weight(event)
+        while pending and weighs[0] + heavy > most:
+            room.clear()
+            await stream.wait(room)
         pending.append(event)
+        weighs[0] += heavy
         arrived.set()
         return value
 
@@ -48,6 +57,7 @@ async def gathered(stream: Any, most: int) -> AsyncIterator[list[Any]]:
                 continue
             batch = pending[:]
             del pending[:]
+            weighs[0] = 0
             arrived.clear()
             room.set()
             yield batch

@@ -28,6 +28,7 @@ from taskstream.connectors.table_state import ChangelogRecord, KeyedState
 from taskstream.schemas import records as r
 from taskstream.schemas.codec import DecodeError, _plain, spec_from
 from taskstream.streams import state_codec
+from taskstream.streams.admission import CHUNK_TASKS
 from taskstream.streams.context import EVENT_HEADER, Context, unit_random
 from taskstream.streams.inbox import Inbox, LocalInput
 from taskstream.streams.state_codec import TaskRecord
@@ -58,6 +59,20 @@ def not_for_the_lifecycle(headers: Any) -> bool:
         if name == EVENT_HEADER:
             return value not in ADMISSION_KINDS
     return False
+
+
+# Less than one task of a packed admission takes in the record, however small the task (a no-op: ~140
+# bytes): a record's size over this is at least as many tasks as it packs, and not many more for small ones.
+ADMITTED_TASK_BYTES = 128
+
+
+def weight(headers: Any, value: bytes | None) -> int:
+    """What a record of the lifecycle's inputs costs to decide, in tasks, from its headers (pairs of name
+    and value) and size: a packed admission about as many as it packs (CHUNK_TASKS at most; a shared one
+    of a flood of one-task submissions packs tens), anything else one."""
+    if dict(headers or ()).get(EVENT_HEADER) != b"TasksAdmitted":
+        return 1
+    return min(CHUNK_TASKS, max(1, len(value or b"") // ADMITTED_TASK_BYTES))
 
 
 LEASED = (Status.CLAIMED, Status.RUNNING)  # the statuses in which a claim's lease runs

@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+from taskstream.schemas import records as r
+from taskstream.schemas.codec import Codec
+from taskstream.streams.admission import CHUNK_TASKS
+from taskstream.streams.context import EVENT_HEADER
 from taskstream.streams.gather import gathered
+from taskstream.streams.lifecycle import weight
+
+from taskstream.core.model import TaskSpec
 
 
 class Stream:
@@ -89,3 +98,49 @@ def test_a_batch_gathers_what_arrived_while_the_one_before_was_handled_up_to_its
     assert stream.acked == [n for b in batches[:-1] for n in b], (
         "each batch acked once handled (not the last: left early)"
     )
+
+
+def test_a_batch_weighs_at_most_its_bound_and_an_event_heavier_than_that_comes_alone() -> None:
+    """With a weight (the lifecycle's: a packed admission weighs the tasks it may pack), a batch holds
+    what arrived while the one before was handled up to the bound in weight, not in events; an event
+    heavier than the bound is a batch of its own rather than held for ever."""
+    weights = {1: 1, 2: 3, 3: 2, 4: 2, 5: 9, 6: 1, 7: 1}
+
+    async def main() -> list[list[int]]:
+        stream = Stream()
+        batches: list[list[int]] = []
+        stream.queue.put_nowait(1)
+        async with contextlib.aclosing(gathered(stream, 4, lambda event: weights[event.value])) as gathering:
+            async for batch in gathering:
+                batches.append([event.value for event in batch])
+                if batches == [[1]]:
+                    for n in range(2, 8):
+                        stream.queue.put_nowait(n)
+                    await asyncio.sleep(0.1)
+                if sum(len(b) for b in batches) == len(weights):
+                    break
+        assert stream.drainer is not None
+        stream.drainer.cancel()
+        return batches
+
+    batches = asyncio.run(asyncio.wait_for(main(), 20))
+    assert batches == [[1], [2], [3, 4], [5], [6, 7]]
+
+
+def test_the_lifecycle_weighs_a_packed_admission_as_about_the_tasks_it_packs_and_anything_else_as_one() -> None:
+    codec = Codec({"event": 1}, lambda sid: pytest.fail("no lookup expected"))
+    sid = str(uuid.uuid4())
+
+    def admitted(n: int) -> bytes:
+        tasks = tuple(r.AdmittedTask(str(uuid.uuid4()), TaskSpec(f"t{i}", "acme", ("true",)), (), (), sid)
+                      for i in range(n))  # fmt: skip
+        return codec.encode(r.EventRecord(f"{sid}:admitted:0:0", None, sid, 0, 1, "n", r.TasksAdmitted("n", tasks)))
+
+    kind = [(EVENT_HEADER, b"TasksAdmitted")]
+    for n in (1, 30, 200):  # no-op tasks: at least as many as it packs, and not many more
+        assert n <= weight(kind, admitted(n)) <= n * 1.15, n
+    assert weight(kind, admitted(CHUNK_TASKS)) == CHUNK_TASKS  # the most a record packs
+    assert weight({EVENT_HEADER: b"TasksAdmitted"}, admitted(30)) == weight(kind, admitted(30))  # a dict
+    assert weight(kind, b"x" * 10**7) == CHUNK_TASKS  # large specs: no more than a record packs
+    assert weight([(EVENT_HEADER, b"TaskSubmitted")], admitted(30)) == 1  # any other event
+    assert weight(None, admitted(30)) == 1  # an input: no headers

@@ -109,6 +109,8 @@ def _changes(
             return {"status": "WAITING", "admitted_at": at}, None, None
         case e.TaskRejected(reason=why):
             return {"status": "REJECTED", "reason": why, "finished_at": at}, None, None
+        case e.TaskReady(reason=why, handed_back=True):  # its ready time and deadline stay as they were
+            return {"status": "READY", "reason": why, "worker": None}, None, None
         case e.TaskReady(reason=why):
             return {"status": "READY", "reason": why, "ready_at": at, "worker": None}, None, None
         case e.TaskQueued(attempt=n, lane=lane):

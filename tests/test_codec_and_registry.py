@@ -207,6 +207,46 @@ def test_the_limit_exceeded_and_unqueued_events_are_a_compatible_change_and_roun
             assert codec.decode("event", codec.encode(rec)) == rec
 
 
+def named(schema: Any, name: str) -> dict[str, Any]:
+    """The record called `name` wherever it is defined in `schema` (a parsed schema's JSON)."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "record" and str(schema.get("name")).split(".")[-1] == name:
+            return schema
+        parts = [*schema.get("fields", ()), schema.get("type"), schema.get("items")]
+    else:
+        parts = schema if isinstance(schema, list) else []
+    for part in parts:
+        if isinstance(part, dict | list) and (found := named(part, name)):
+            return found
+    return {}
+
+
+def test_a_task_ready_again_after_a_hand_back_is_a_compatible_change_and_old_ones_were_not_handed_back(
+    registry: SchemaRegistryClient,
+) -> None:
+    """TaskReady gained `handed_back` (with a default): the registry takes the schema after the one
+    without it (BACKWARD); a TaskReady written before reads as not handed back, and a new one round-trips
+    alone and packed."""
+    new = json.loads(schema_text("event"))
+    old = json.loads(json.dumps(new))
+    ready = named(old, "TaskReady")
+    assert [f["name"] for f in ready["fields"]] == ["reason", "handed_back"]
+    del ready["fields"][-1]
+    first = registry.register_schema("h.events-value", Schema(json.dumps(old), "AVRO"))
+    second = registry.register_schema("h.events-value", Schema(json.dumps(new), "AVRO"))
+    assert first != second and registry.get_latest_version("h.events-value").version == 2
+    codec = Codec({"event": second}, lambda sid: registry.get_schema(sid).schema_str)
+    before = r.EventRecord("t:3", "t", "s", 3, 9, "node-w0", e.TaskReady("all prerequisites succeeded"))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(old), to_avro(before))
+    got = codec.decode("event", b"\x00" + first.to_bytes(4, "big") + body.getvalue())
+    assert got == before and got.payload.handed_back is False
+    back = e.TaskReady("the lease of claim c1 expired: run again", handed_back=True)
+    for payload in (back, r.TaskEvents((r.PackedEvent("t", "s", 7, 9, back),))):
+        rec = r.EventRecord("t:7", "t", "s", 7, 9, "node-w0", payload)  # type: ignore[arg-type]
+        assert codec.decode("event", codec.encode(rec)) == rec
+
+
 def test_the_queue_record_standing_for_several_tasks_is_a_compatible_change_and_old_records_read_alone(
     registry: SchemaRegistryClient,
 ) -> None:

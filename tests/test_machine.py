@@ -117,7 +117,7 @@ def test_a_claim_that_cannot_be_granted_gets_a_recorded_verdict() -> None:
 LEASED = CLAIMED + [e.TaskStarted("claim-1", "w1", 77)]
 EXPIRED = LEASED + [
     e.TaskLeaseExpired("claim-1", "w1", 1, "the lease of claim claim-1 (worker w1, attempt 1) expired"),
-    e.TaskReady("the lease of claim claim-1 (worker w1, attempt 1) expired: run again"),
+    e.TaskReady("the lease of claim claim-1 (worker w1, attempt 1) expired: run again", handed_back=True),
 ]
 
 
@@ -147,7 +147,7 @@ def test_a_released_task_runs_again_without_using_a_retry() -> None:
     out = decide(given_(LEASED), c.ReleaseTask("claim-1", "worker stopping", 40))
     assert out == [
         e.TaskReleased("claim-1", "w1", "worker stopping"),
-        e.TaskReady("released by its worker: worker stopping"),
+        e.TaskReady("released by its worker: worker stopping", handed_back=True),
     ]
     state = given_([*LEASED, *out])
     assert state.claim is None and state.lease_expiries == 0 and "claim-1" in state.fenced_claims
@@ -251,7 +251,7 @@ def test_releases_and_expired_leases_do_not_use_up_the_retries() -> None:
     """retry_limit counts failed runs: a task handed back by a stopping worker, or whose lease expired,
     still gets every retry it was given, and one past them is dead-lettered."""
     released = decide(given_(LEASED), c.ReleaseTask("claim-1", "worker stopping", 40))
-    expired = [e.TaskLeaseExpired("claim-2", "w2", 2, "expired"), e.TaskReady("expired: run again")]
+    expired = [e.TaskLeaseExpired("claim-2", "w2", 2, "expired"), e.TaskReady("expired: run again", handed_back=True)]
     history = [*LEASED, *released, e.TaskQueued(2, "d"), e.TaskClaimed(2, "w2", "claim-2"),
                e.TaskStarted("claim-2", "w2", 5), *expired, e.TaskQueued(3, "d"), e.TaskClaimed(3, "w3", "claim-3"),
                e.TaskStarted("claim-3", "w3", 6)]  # fmt: skip

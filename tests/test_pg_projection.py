@@ -184,3 +184,54 @@ def test_tenants_and_workers_rows_do_not_depend_on_where_batches_end(dsn: str) -
         proj.apply(Batch("events", [Item(0, i, 0, rec)], {0: i + 1}))
     assert rows() == together
     assert [r[2].timestamp() * 1000 for r in together] == [1_001 + 5_000, 1_011 + 5_000]  # the copies' times
+
+
+def test_a_task_handed_back_keeps_its_deadline_and_a_retry_is_ranked_anew(dsn: str) -> None:
+    """The batcher ranks ready tasks by promote_by (ready time + delay tolerance, to the second). A task
+    made ready again by an expired lease or a release keeps the deadline it had, rather than going behind
+    every task that became ready while it was claimed; a retry after a failure gets a deadline from the
+    time it is due. The same, folded in one batch or one record at a time."""
+    sid, t = str(uuid.uuid4()), str(uuid.uuid4())
+    spec = TaskSpec("t", "acme", ("true",), delay_tolerance_ms=2_000, retry_limit=1)
+    payloads: list[tuple[int, e.Event]] = [
+        (1_000, e.TaskSubmitted(sid, spec)),
+        (1_000, e.TaskAdmitted("n")),
+        (1_500, e.TaskReady("no prerequisites")),
+        (1_600, e.TaskQueued(1, "default")),
+        (1_700, e.TaskClaimed(1, "w1", "c1")),
+        (1_800, e.TaskStarted("c1", "w1", 10)),
+        (61_000, e.TaskLeaseExpired("c1", "w1", 1, "expired")),
+        (61_000, e.TaskReady("expired: run again", handed_back=True)),
+        (61_100, e.TaskQueued(2, "default")),
+        (61_200, e.TaskClaimed(2, "w2", "c2")),
+        (90_000, e.TaskReleased("c2", "w2", "worker stopping")),
+        (90_000, e.TaskReady("released by its worker: worker stopping", handed_back=True)),
+    ]
+    retry: list[tuple[int, e.Event]] = [
+        (90_100, e.TaskQueued(3, "default")),
+        (90_200, e.TaskClaimed(3, "w2", "c3")),
+        (90_300, e.TaskStarted("c3", "w2", 11)),
+        (90_400, e.TaskFailed("c3", 1, "", 100, "exit status 1")),
+        (90_400, e.TaskRetryScheduled(4, 120_000, 29_600)),
+        (120_000, e.TaskReady("retry 4 due")),
+    ]
+
+    def records(items: list[tuple[int, e.Event]], start: int) -> list[EventRecord]:
+        return [EventRecord(f"{t}:{v}", t, sid, v, ms, "n", p) for v, (ms, p) in enumerate(items, start)]
+
+    def deadline() -> tuple[float, float]:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT ready_at, promote_by, status FROM tasks").fetchone()
+        assert row is not None and row[2] == "READY"
+        return row[0].timestamp(), row[1].timestamp()
+
+    proj = PgProjection(dsn)
+    handed, retried = records(payloads, 1), records(retry, len(payloads) + 1)
+    for batches in ([handed], [[x] for x in handed]):  # one batch; one record at a time
+        for batch in batches:
+            proj.apply(Batch("events", [Item(0, i, 0, x) for i, x in enumerate(batch)], {0: len(batch)}))
+        assert deadline() == (1.5, 3.0)  # ready at 1.5 s, 2 s tolerance, to the second: as before
+        proj.apply(Batch("events", [Item(0, i, 0, x) for i, x in enumerate(retried)], {0: len(retried)}))
+        assert deadline() == (120.0, 122.0)  # the retry's own
+        with psycopg.connect(dsn) as conn:
+            conn.execute("TRUNCATE tasks, attempts, tenants, workers CASCADE")

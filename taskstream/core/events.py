@@ -30,6 +30,10 @@ class TaskRejected:
 @dataclass(frozen=True, slots=True)
 class TaskReady:
     reason: str
+    # Ready again because its claim ended without a run's outcome (a lease expired, a worker handed it
+    # back): it keeps its place among the ready, its deadline as before, rather than going behind every
+    # task that became ready while it was out. A retry after a failure is ranked anew.
+    handed_back: bool = False
 
 
 @dataclass(frozen=True, slots=True)

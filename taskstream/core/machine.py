@@ -138,7 +138,8 @@ def decide(state: TaskState, command: c.Command, rand: float = 0.0) -> list[e.Ev
         case c.ReleaseTask(claim_id=cid, reason=why):
             if state.claim is None or state.claim.claim_id != cid:
                 return _reject(state, command, f"its claim is {state.claim.claim_id if state.claim else 'none'}")
-            return [e.TaskReleased(cid, state.claim.worker, why), e.TaskReady(reason=f"released by its worker: {why}")]
+            back = e.TaskReady(f"released by its worker: {why}", handed_back=True)
+            return [e.TaskReleased(cid, state.claim.worker, why), back]
         case c.EnforceLimit(claim_id=cid, limit=limit, reason=why, watcher=watcher):
             if state.claim is None or state.claim.claim_id != cid:
                 return _reject(state, command, f"its claim is {state.claim.claim_id if state.claim else 'none'}")
@@ -185,7 +186,7 @@ def _expire(state: TaskState, command: c.Command, cid: str, limit: int) -> list[
     if state.status is S.RUNNING and state.lease_expiries + 1 > limit:
         gone = f"{why}; {state.lease_expiries + 1} lease(s) expired, the limit is {limit}"
         return [expired, e.TaskDeadLettered(reason=gone, attempts=state.attempt)]
-    return [expired, e.TaskReady(reason=f"{why}: run again")]
+    return [expired, e.TaskReady(f"{why}: run again", handed_back=True)]
 
 
 def _finish(

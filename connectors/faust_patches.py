@@ -15,6 +15,7 @@ _ACK_MARK = "_taskstream_processed_only"
 _SEEK_MARK = "_taskstream_seek_uncommitted"
 _GAP_MARK = "_taskstream_gap_merged_locally"
 _UNWANTED_MARK = "_taskstream_unwanted_left_out"
+_NEW_OFFSET_MARK = "_taskstream_new_offset_deduplicated"
 _unwanted: weakref.WeakKeyDictionary[Any, Callable[[Any], bool]] = weakref.WeakKeyDictionary()
 
 
@@ -149,6 +150,52 @@ def merge_gaps_locally() -> None:
 
     setattr(_add_gap, _GAP_MARK, True)
     Consumer._add_gap = _add_gap  # type: ignore[method-assign]
+
+
+def commit_past_gaps_at_once() -> None:
+    """Let one commit pass every gap below the highest acked offset, as Faust means it to.
+
+    Faust's fetch loop records the gap before a message it delivers as running up to that message,
+    inclusive (faust/transport/consumer.py, `_drain_messages`), so once the message is acked its offset
+    is in `_acked` twice after `_new_offset` adds the gap's offsets to it; its run of consecutive
+    offsets (`consecutive_numbers`) ends at the repeat, and each commit moves past one repeat only (the
+    duplicate of robinhood/faust#625). The events topic has a gap before nearly every admission the
+    lifecycle reads (a transaction's marker, the lifecycle's own writing left out), so the workers'
+    group's committed offsets there fell further behind the more was admitted: measured, at 100
+    one-task submissions/s, 2,100 records per partition behind after 20 s and 7,400 after 60 s. A
+    restarted worker would read all that again, and every commit sorted the ever longer list (its
+    `_new_offset` was 3.5% of the worker's event loop at that rate). Here the offsets are deduplicated
+    before the run is taken, and the gaps taken are chopped at their end. Otherwise as Faust 0.15.3."""
+    from faust.transport.consumer import Consumer
+    from faust.utils.functional import consecutive_numbers
+
+    original = Consumer._new_offset
+    if getattr(original, _NEW_OFFSET_MARK, False):
+        return
+
+    def _new_offset(self: Any, tp: Any) -> int | None:
+        acked: list[int] = self._acked[tp]
+        if not acked:
+            return None
+        top = max(acked)
+        gaps = self._gap[tp]
+        if gaps:
+            met = gaps.overlap(0, top)
+            if met:
+                for iv in met:
+                    acked.extend(range(iv.begin, iv.end))
+                gaps.chop(0, max(max(iv.end for iv in met), top + 1))
+        acked[:] = sorted(set(acked))  # in place: Faust holds this list
+        committed = self._committed_offset[tp]
+        if committed and acked[0] - committed > 1:  # a message before the first acked one is in flight
+            return None
+        run = next(consecutive_numbers(acked))
+        del acked[: len(run)]
+        self._acked_index[tp].difference_update(run)
+        return run[-1] + 1
+
+    setattr(_new_offset, _NEW_OFFSET_MARK, True)
+    Consumer._new_offset = _new_offset  # type: ignore[method-assign]
 
 
 def leave_out(app: Any, unwanted: Callable[[Any], bool]) -> None:

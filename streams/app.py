@@ -29,6 +29,7 @@ from faust.types import TP
 from taskstream.connectors import broker
 from taskstream.connectors.faust_patches import (
     ack_processed_only,
+    commit_past_gaps_at_once,
     leave_out,
     merge_gaps_locally,
     read_committed_only,
@@ -555,6 +556,7 @@ def run_worker(settings: Settings, index: int) -> None:
     read_committed_only()
     ack_processed_only()
     merge_gaps_locally()
+    commit_past_gaps_at_once()
     seek_uncommitted_to_beginning({settings.topic(t) for t in ("events", "task-inputs", "queue")})
     app = build_app(settings, index, predecessor)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)

@@ -14,7 +14,12 @@ from faust.transport.consumer import Consumer
 from faust.types import TP
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from taskstream.connectors.faust_patches import ack_processed_only, merge_gaps_locally, track_heartbeats
+from taskstream.connectors.faust_patches import (
+    ack_processed_only,
+    commit_past_gaps_at_once,
+    merge_gaps_locally,
+    track_heartbeats,
+)
 from taskstream.streams.worker import InOrderAcks
 
 
@@ -266,6 +271,75 @@ def test_offsets_taken_by_transaction_markers_are_committed_past() -> None:
         c._committed_offset[tp] = offset  # as Faust records a commit (consumer.py, commit)
     assert commits[-1] == 8 and commits == sorted(commits)
     assert not c._gap[tp]
+
+
+def delivered(c: SimpleNamespace, tp: TP, read_from: int, offsets: list[int], acked_in: list[int]) -> None:
+    """Messages at `offsets` delivered as Faust's fetch loop delivers them after a seek to `read_from`
+    (the gap before a message recorded up to it, inclusive), then acked in the order of `acked_in`."""
+    last = read_from
+    for offset in offsets:
+        if offset - last > 1:
+            asyncio.run(Consumer._add_gap(c, tp, last + 1, offset))  # type: ignore[arg-type]
+        last = offset
+    ack(c, tp, acked_in)
+
+
+def ack(c: SimpleNamespace, tp: TP, offsets: list[int]) -> None:
+    for offset in offsets:
+        c._acked[tp].append(offset)
+        c._acked_index[tp].add(offset)
+
+
+def test_one_commit_passes_every_gap_below_the_last_acked_offset() -> None:
+    """Faust commits once per commit interval (`_new_offset` once per partition). Records at 1, 3, 4, 7
+    and 9 (between them: transaction markers), each delivered and acked: the one commit goes to 10.
+    Faust 0.15.3's own reaches 4 (the gap before 3 ends at 3, which is then in its list twice), and
+    each later commit one repeat further, so a group reading a topic with a gap before most messages
+    fell ever further behind."""
+    merge_gaps_locally()
+    commit_past_gaps_at_once()
+    commit_past_gaps_at_once()  # twice changes nothing
+    c = gaps_consumer(0)
+    tp = TP("taskstream.events", 0)
+    delivered(c, tp, 0, [1, 3, 4, 7, 9], [1, 3, 4, 7, 9])
+    assert Consumer._new_offset(c, tp) == 10  # type: ignore[arg-type]
+    assert c._acked[tp] == [] and not c._acked_index[tp] and not c._gap[tp]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.integers(1, 4), min_size=1, max_size=40),
+    in_flight=st.none() | st.integers(0, 39),
+    order=st.randoms(use_true_random=False),
+)
+def test_a_commit_stops_at_a_message_in_flight_and_the_next_passes_the_last(
+    steps: list[int], in_flight: int | None, order: Any
+) -> None:
+    """Messages after gaps of any size (from a read offset of 5, committed), acked in any order, one
+    of them (right after the one before it) perhaps not yet: one commit goes past every acked message
+    and gap up to the message in flight, never past it; once it is acked, the next commit goes past the
+    last message."""
+    merge_gaps_locally()
+    commit_past_gaps_at_once()
+    waiting_at = in_flight if in_flight is not None and in_flight < len(steps) else None
+    if waiting_at is not None:
+        steps = [1 if i == waiting_at else step for i, step in enumerate(steps)]
+    offsets = [5 + sum(steps[: i + 1]) for i in range(len(steps))]
+    waiting = offsets[waiting_at] if waiting_at is not None else None
+    c = gaps_consumer(5)
+    tp = TP("taskstream.events", 0)
+    acked = [o for o in offsets if o != waiting]
+    order.shuffle(acked)
+    delivered(c, tp, 5, offsets, acked)
+    first = Consumer._new_offset(c, tp)  # type: ignore[arg-type]
+    if waiting is None:
+        assert first == offsets[-1] + 1
+        return
+    assert first == (None if waiting == 6 else waiting)
+    if first is not None:
+        c._committed_offset[tp] = first  # as Faust records a commit
+    ack(c, tp, [waiting])
+    assert Consumer._new_offset(c, tp) == offsets[-1] + 1  # type: ignore[arg-type]
 
 
 def test_what_is_left_out_before_delivery_is_committed_past_from_offset_0_on() -> None:

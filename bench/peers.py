@@ -1,7 +1,8 @@
 """Benchmark: taskstream side by side with the schedulers people use today, on this machine, one at a time.
 
     python bench/peers.py [--quick] [--setup] [--runs 3] [--systems taskstream,celery,pgqueuer,procrastinate]
-                          [--workloads burn_pre,burn_live,burn_single,latency,chain,fan,random_dag] [--out FILE]
+                          [--workloads burn_pre,burn_live,burn_single,latency,chain,fan,random_dag]
+                          [--warm-seconds 120] [--out FILE]
 
 It makes the peers' own environment first (bench/.peers-env, from bench/peers-requirements.txt: Celery
 with Redis, pgqueuer, procrastinate, matplotlib) and starts their services itself: PostgreSQL from the
@@ -22,7 +23,10 @@ workload `--runs` times:
 - random_dag: N tasks, each after up to three random earlier ones (only a system with dependencies).
 
 A system with no way to express a workload is marked unable, with why. taskstream runs on its embedded
-stack (Kafka, Neo4j, PostgreSQL) with one worker of 4 slots running no-op callables (`os:getpid`); the
+stack (Kafka, Neo4j, PostgreSQL) with one worker of 4 slots running no-op callables (`os:getpid`), a
+stack a round, warmed first by --warm-seconds of floods (120; 0 with --quick) with a worker of their
+own, stopped before burn_pre: its JVMs have compiled their hot code, as in a stack that has been up a
+while (with --warm-seconds 0, a fresh stack's first minutes are measured instead); the
 peers run one worker of concurrency 4 (pgqueuer: async handlers in one process). Every figure comes with
 the worker's CPU seconds and peak RSS, and each service's CPU seconds and peak RSS over the run. The durability
 settings of each system are in the results (DURABILITY). --quick: small sizes, one run (the test runs it);
@@ -59,7 +63,7 @@ from _stack import (
     when,
     write_report,
 )
-from throughput import NOOP, tree_cpu
+from throughput import NOOP, tree_cpu, warm_up
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -71,6 +75,12 @@ WORKLOADS = ("burn_pre", "burn_live", "burn_single", "latency", "chain", "fan", 
 FULL = {"burn_pre": 10_000, "burn_live": 10_000, "burn_single": 2_000, "latency": 15, "chain": 40, "fan": 1_000,
         "random_dag": 10_000}  # fmt: skip
 QUICK = {"burn_pre": 200, "burn_live": 200, "burn_single": 50, "latency": 1, "chain": 10, "fan": 20, "random_dag": 200}
+# taskstream's JVMs compile their hot code with C2 by default (TASKSTREAM_JVM_JIT=full), which takes a
+# fresh stack's first minutes: on fresh stacks (2026-12-07) a one-call submission cost the broker 5.1 ms
+# of CPU, against 2.1 with C1 alone the day before. Each round warms its stack first, as
+# bench/throughput.py does.
+WARM_SECONDS = 120.0
+WARM_TASKS = 5_000  # tasks per warm-up flood
 SHARES = (0.25, 0.5, 0.75)  # latency: the open-loop rates, as shares of the system's burn_single rate
 CONCURRENCY = 4
 DURABILITY = {
@@ -215,7 +225,7 @@ class Taskstream:
     """An embedded stack (workers=0) with the one worker the bench starts itself: after burn_pre's tasks
     are admitted, or before the first other workload (and warmed up by one task)."""
 
-    def __init__(self, quick: bool = False) -> None:
+    def __init__(self, quick: bool = False, warm_seconds: float = 0.0) -> None:
         import psycopg
 
         from taskstream.sdk import Client
@@ -229,6 +239,21 @@ class Taskstream:
         self.client = Client(s, issuer="bench")
         self.worker: subprocess.Popen[bytes] | None = None
         self.runs = 0
+        if warm_seconds:
+            self.warm_jvms(warm_seconds)
+
+    def warm_jvms(self, seconds: float) -> None:
+        """Floods for `seconds` with a worker of their own, stopped (drained) after them: the JVMs'
+        compilers are done with the hot paths, as in a stack that has been up a while, and burn_pre
+        still starts with no worker running. The floods' tasks are not counted (other names)."""
+        self.start_worker()
+        runs = warm_up(self.env, "kafka", ["dag", "single"], WARM_TASKS, seconds)
+        assert self.worker is not None
+        self.worker.terminate()
+        self.worker.wait(60)
+        self.log.close()
+        self.worker = None
+        print(f"taskstream: warmed up with {runs} floods of {WARM_TASKS} tasks", file=sys.stderr)
 
     def count(self, tag: str, succeeded: bool) -> int:
         sql = "SELECT count(*) FROM tasks WHERE name LIKE %s" + (" AND status = 'SUCCEEDED'" if succeeded else "")
@@ -440,7 +465,16 @@ def main() -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--warm-seconds",
+        type=float,
+        default=None,
+        help=f"floods on each round's taskstream stack before its workloads ({WARM_SECONDS:g}; 0 with --quick)",
+    )
     args = ap.parse_args()
+    warm_seconds = args.warm_seconds if args.warm_seconds is not None else (0.0 if args.quick else WARM_SECONDS)
+    if warm_seconds < 0:
+        ap.error("--warm-seconds cannot be negative")
     systems = [x for x in args.systems.split(",") if x]
     workloads = [x for x in args.workloads.split(",") if x]
     for name, known in (("system", SYSTEMS), ("workload", WORKLOADS)):
@@ -462,7 +496,7 @@ def main() -> int:
             got: dict[str, list[dict[str, Any]]] = {w: [] for w in workloads}
             for i in range(runs):
                 # taskstream: one stack a round, burn_pre first (before its worker starts)
-                ours = Taskstream(args.quick) if system == "taskstream" else None
+                ours = Taskstream(args.quick, warm_seconds) if system == "taskstream" else None
                 rates: list[float] = []  # latency's: shares of this round's burn_single rate
                 try:
                     for workload in sorted(workloads, key=lambda w: w != "burn_pre"):
@@ -496,6 +530,7 @@ def main() -> int:
         "commit": commit.stdout.strip() or None,  # what taskstream's side ran (None: not a git checkout)
         "quick": args.quick,
         "runs": runs,
+        "taskstream_warm_seconds": warm_seconds,  # floods on each round's stack before it was measured
         "sizes": {w: sizes[w] for w in workloads},
         "latency_shares": list(SHARES),
         "concurrency": CONCURRENCY,

@@ -368,15 +368,11 @@ def test_a_stopping_worker_hands_back_what_it_cannot_finish(
     a = workers.start(0)
     sid, ids = submit(workerless, [{"name": f"t{i}", "argv": gated(gate)} for i in range(8)])
 
-    def on(w: subprocess.Popen[bytes]) -> list[int] | None:
-        ps = [pid for _, st, _, wid, pid, _ in rows(workerless, sid) if st == "RUNNING" and wid and f"-{w.pid}-" in wid]
-        return [p for p in ps if p] or None
-
     def states() -> list[tuple[str, str | None]]:
         return [(st, wid) for _, st, _, wid, *_ in rows(workerless, sid)]
 
     try:
-        pids = wait_until(lambda: on(a), 60, "a task running on worker 0", every=0.2, show=states)
+        pids = wait_until(lambda: running_on(workerless, sid, a), 60, "a task on worker 0", every=0.2, show=states)
         workers.start(1)
         wait_until(lambda: group_members(workerless) == 2, 60, "both workers in the group")
         a.send_signal(signal.SIGTERM)

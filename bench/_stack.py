@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -166,6 +167,64 @@ def machine_shares(before: tuple[int, int, int], after: tuple[int, int, int]) ->
     """The machine's busy and stolen shares between two `machine_ticks()`."""
     total = max(1, after[2] - before[2])
     return {"busy": round((after[0] - before[0]) / total, 3), "steal": round((after[1] - before[1]) / total, 3)}
+
+
+# The speed probe's fixed piece of work: ~5.5 ms of one core's CPU on this machine's kind when it is fast.
+PROBE_WORK = 50_000
+
+
+def probe_work(n: int = PROBE_WORK) -> float:
+    """CPU milliseconds this thread took for a fixed piece of pure-Python work (dict stores, int to str):
+    the same work, so more milliseconds mean a slower machine at that moment."""
+    start = time.thread_time()
+    kept: dict[int, tuple[int, str]] = {}
+    for i in range(n):
+        kept[i & 1023] = (i, str(i))
+    return (time.thread_time() - start) * 1000
+
+
+class SpeedProbe:
+    """The machine's speed through a run, to read its figures by: the probe's work timed every `every`
+    seconds in a thread of the bench's own process (~1% of a core), as CPU time, so waiting for a core
+    does not count. These virtual machines' cores run the same work at speeds up to twice apart within
+    seconds, idle or busy (docs/measurements.md, 2026-12-07, twenty-third): a run's rate moves with
+    them, and a change to the code is only seen beside the probe's figure for its runs.
+
+        with SpeedProbe() as probe:
+            ...  # the run
+        probe.summary()  # the work's milliseconds: median, min, max over the run
+    """
+
+    def __init__(self, every: float = 0.5) -> None:
+        self.every = every
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="speed-probe", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.samples.append(probe_work())
+
+    def start(self) -> SpeedProbe:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if not self.samples:  # a run shorter than `every`: one sample all the same
+            self.samples.append(probe_work())
+
+    def __enter__(self) -> SpeedProbe:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def summary(self) -> dict[str, Any]:
+        xs = self.samples
+        return {"median": round(statistics.median(xs), 2), "min": round(min(xs), 2), "max": round(max(xs), 2),
+                "samples": len(xs)}  # fmt: skip
 
 
 def cpu_seconds(pid: int) -> float:

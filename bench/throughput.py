@@ -18,7 +18,9 @@ throughput-<pair>-fresh.json.
 
 Each run also gives two hops per task, from the tasks' transition times in PostgreSQL (p10, p50, p90):
 claim request -> start (the claim's round trip and any wait for a slot) and start -> finish (the run).
-And the machine's busy and stolen shares over the run (/proc/stat), as bench/latency.py gives them.
+And the machine's busy and stolen shares over the run (/proc/stat), as bench/latency.py gives them,
+and its speed (`speed_probe_ms`, _stack.SpeedProbe: a fixed piece of work's CPU milliseconds every half
+second through the run; more is slower): compare runs of two versions beside it.
 And its phases (`phases`), from the same times: seconds from the first send until 1% of the tasks
 were queued and started (the ramp: the admission's, the owner's and the read model's work before a
 steady flow); the steady rate (the tasks started between the 10th and 90th percentile start,
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from _stack import (
+    SpeedProbe,
     add_set_option,
     embedded_stack,
     kinds,
@@ -173,6 +176,7 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
+    probe = SpeedProbe().start()  # through the run, until the last success is seen
     with Client(s, issuer="bench") as client:
         first_send = time.time()
         if workload == "dag":
@@ -201,6 +205,7 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
         ).fetchone()  # type: ignore[misc]
         hops = {name: conn.execute(HOP.format(a=a, b=b), (tenant,)).fetchone()[0] for name, (a, b) in HOPS.items()}  # type: ignore[index]
         shape = phases(conn, tenant, first_send)
+    probe.stop()
     after = {name: tree_cpu(pid) for name, pid in pids.items()}
     machine = machine_shares(ticks, machine_ticks())
     if spy is not None:
@@ -222,6 +227,7 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
         "hop_ms_p10_p50_p90": {name: [round(float(x), 1) for x in v] if v else None for name, v in hops.items()},
         "phases": shape,
         "machine": machine,
+        "speed_probe_ms": probe.summary(),
     }
 
 
@@ -272,6 +278,7 @@ def main() -> int:
                     "when": when(),
                     "tasks_per_second": summary([r["tasks_per_second"] for r in runs]),
                     "cpu_ms_per_task_total": summary([r["cpu_ms_per_task_total"] for r in runs]),
+                    "speed_probe_ms": summary([r["speed_probe_ms"]["median"] for r in runs]),
                     "each_run": runs,
                 }
         report["when"] = when()

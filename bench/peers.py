@@ -29,8 +29,10 @@ own, stopped before burn_pre: its JVMs have compiled their hot code, as in a sta
 while (with --warm-seconds 0, a fresh stack's first minutes are measured instead); the
 peers run one worker of concurrency 4 (pgqueuer: async handlers in one process). Every figure comes with
 the worker's CPU seconds and peak RSS, and each service's CPU seconds and peak RSS over the run. The durability
-settings of each system are in the results (DURABILITY). --quick: small sizes, one run (the test runs it);
---setup: only make the peers' environment (the README's test command does, before the suite).
+settings of each system are in the results (DURABILITY), and so is the machine's speed through each
+run (`speed_probe_ms`, bench/_stack.SpeedProbe; more is slower): the systems run minutes apart, and
+these cores run the same work at speeds up to twice apart within a minute. --quick: small sizes, one
+run (the test runs it); --setup: only make the peers' environment (the README's test command does, before the suite).
 Writes bench/results/peers.json (peers-quick.json with --quick) and the plots
 bench/results/peers-*.png.
 """
@@ -52,6 +54,7 @@ from typing import Any
 
 from _stack import (
     PeakRss,
+    SpeedProbe,
     embedded_stack,
     free_port,
     open_loop,
@@ -410,6 +413,9 @@ def figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
             name: summary([r["service_peak_rss_mib"][name] for r in runs]) for name in runs[0]["service_peak_rss_mib"]
         },
         "failed_runs": sum(1 for r in runs if not r.get("seconds")),
+        # the machine's speed through each run (_stack.SpeedProbe; more is slower): systems run minutes
+        # apart, and these cores' speed moves within the minute
+        "speed_probe_ms": summary([r["speed_probe_ms"] for r in runs if "speed_probe_ms" in r]),
         "runs": runs,
     }
     if "levels" in runs[0]:  # latency: per level (a share of the round's burn_single rate)
@@ -504,14 +510,17 @@ def main() -> int:
                             continue
                         if workload == "latency" and not rates:
                             raise SystemExit(f"{system}: burn_single gave no rate for the latency run")
-                        if ours is not None:
-                            one = ours.run(workload, sizes[workload], rates if workload == "latency" else [])
-                        elif workload == "random_dag":
-                            one = {"unable": "no dependencies between tasks beyond chains and chords"}
-                        else:
-                            assert svc is not None
-                            one = peer_run(py, svc, system, workload, sizes[workload],
-                                           rates if workload == "latency" else [])  # fmt: skip
+                        with SpeedProbe() as probe:  # the machine's speed while this one ran
+                            if ours is not None:
+                                one = ours.run(workload, sizes[workload], rates if workload == "latency" else [])
+                            elif workload == "random_dag":
+                                one = {"unable": "no dependencies between tasks beyond chains and chords"}
+                            else:
+                                assert svc is not None
+                                one = peer_run(py, svc, system, workload, sizes[workload],
+                                               rates if workload == "latency" else [])  # fmt: skip
+                        if "unable" not in one:
+                            one["speed_probe_ms"] = probe.summary()["median"]
                         if workload == "burn_single" and one.get("seconds"):
                             rates = [one["tasks"] / one["seconds"] * share for share in SHARES]
                         got[workload].append(one)

@@ -50,6 +50,8 @@ def test_the_quick_peers_run_has_a_figure_for_every_workload_on_every_system(tmp
                 assert fig["tasks_per_second"]["median"] > 0, (workload, system, fig)
             assert all(run["ran"] == run["tasks"] for run in fig["runs"]), (workload, system, fig["runs"])
             assert fig["worker_peak_rss_mib"]["median"] > 0 and fig["worker_cpu_ms_per_task"]["median"] > 0
+            probe = fig["speed_probe_ms"]  # the machine's speed through each run, to read the figure by
+            assert probe["median"] > 0 and len(probe["runs"]) == len(fig["runs"]), (workload, system, probe)
             services = fig["service_peak_rss_mib"]
             assert services and all(v["median"] > 0 for v in services.values()), (workload, system, services)
     able = {s for s in SYSTEMS[1:] for w in WORKLOADS if "unable" not in report["workloads"][w][s]}

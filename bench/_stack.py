@@ -12,7 +12,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -183,12 +182,24 @@ def probe_work(n: int = PROBE_WORK) -> float:
     return (time.thread_time() - start) * 1000
 
 
+# The probe's own process: the work every `every` seconds, each sample's milliseconds a line.
+PROBE_LOOP = (
+    "import sys, time\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "from _stack import probe_work\n"
+    "while True:\n"
+    "    time.sleep(float(sys.argv[2]))\n"
+    "    print(round(probe_work(), 3), flush=True)\n"
+)
+
+
 class SpeedProbe:
     """The machine's speed through a run, to read its figures by: the probe's work timed every `every`
-    seconds in a thread of the bench's own process (~1% of a core), as CPU time, so waiting for a core
-    does not count. These virtual machines' cores run the same work at speeds up to twice apart within
-    seconds, idle or busy (docs/measurements.md, 2026-12-07, twenty-third): a run's rate moves with
-    them, and a change to the code is only seen beside the probe's figure for its runs.
+    seconds (~1% of a core), as CPU time, so waiting for a core does not count. These virtual
+    machines' cores run the same work at speeds up to twice apart within seconds, idle or busy
+    (docs/measurements.md, 2026-12-07, twenty-third): a run's rate moves with them, and a change to
+    the code is only seen beside the probe's figure for its runs. The work runs in a process of its
+    own: in a thread of the bench's process it would hold the GIL from a sender for up to 5 ms.
 
         with SpeedProbe() as probe:
             ...  # the run
@@ -198,20 +209,22 @@ class SpeedProbe:
     def __init__(self, every: float = 0.5) -> None:
         self.every = every
         self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="speed-probe", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.samples.append(probe_work())
+        self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by stop)
+        self._proc: subprocess.Popen[str] | None = None
 
     def start(self) -> SpeedProbe:
-        self._thread.start()
+        here = str(Path(__file__).resolve().parent)
+        self._proc = subprocess.Popen([sys.executable, "-c", PROBE_LOOP, here, str(self.every)],
+                                      stdout=self._out, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        self._out.seek(0)
+        self.samples = [float(line) for line in self._out.read().split()]
+        self._out.close()
         if not self.samples:  # a run shorter than `every`: one sample all the same
             self.samples.append(probe_work())
 

@@ -20,9 +20,9 @@ def load_stack() -> Any:
 def test_the_speed_probe_samples_through_a_run_and_sums_up_what_it_saw() -> None:
     stack = load_stack()
     with stack.SpeedProbe(every=0.05) as probe:
-        time.sleep(0.5)
+        time.sleep(1.0)
     got = probe.summary()
-    assert got["samples"] == len(probe.samples) >= 4  # ~10 in 0.5 s, fewer on a loaded machine
+    assert got["samples"] == len(probe.samples) >= 4  # ~17 in 1 s after the probe's start, fewer on a loaded machine
     assert all(x > 0 for x in probe.samples)
     assert got["min"] <= got["median"] <= got["max"]
     assert got["min"] == round(min(probe.samples), 2) and got["max"] == round(max(probe.samples), 2)

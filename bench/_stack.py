@@ -182,12 +182,13 @@ def probe_work(n: int = PROBE_WORK) -> float:
     return (time.thread_time() - start) * 1000
 
 
-# The probe's own process: the work every `every` seconds, each sample's milliseconds a line.
+# The probe's own process: the work every `every` seconds, each sample's milliseconds a line, until
+# it is killed or its parent is gone (a bench that died without stopping it leaves no loop behind).
 PROBE_LOOP = (
-    "import sys, time\n"
+    "import os, sys, time\n"
     "sys.path.insert(0, sys.argv[1])\n"
     "from _stack import probe_work\n"
-    "while True:\n"
+    "while os.getppid() == int(sys.argv[3]):\n"
     "    time.sleep(float(sys.argv[2]))\n"
     "    print(round(probe_work(), 3), flush=True)\n"
 )
@@ -214,7 +215,7 @@ class SpeedProbe:
 
     def start(self) -> SpeedProbe:
         here = str(Path(__file__).resolve().parent)
-        self._proc = subprocess.Popen([sys.executable, "-c", PROBE_LOOP, here, str(self.every)],
+        self._proc = subprocess.Popen([sys.executable, "-c", PROBE_LOOP, here, str(self.every), str(os.getpid())],
                                       stdout=self._out, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
         return self
 

@@ -177,35 +177,37 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
     probe = SpeedProbe().start()  # through the run, until the last success is seen
-    with Client(s, issuer="bench") as client:
-        first_send = time.time()
-        if workload == "dag":
-            doc = {"tenant": tenant, "tasks": [{"name": f"t{i}", **NOOP} for i in range(n)]}
-            client.submit(parse_document(doc))
-        else:  # one command per task, produced back to back (Client.submit_many)
-            client.submit_many(
-                parse_document({"tenant": tenant, "tasks": [{"name": f"t{i}", **NOOP}]}) for i in range(n)
-            )
-        sent = time.time() - first_send
-    deadline = time.monotonic() + GIVE_UP_S
-    done = 0
-    with psycopg.connect(s.dsn, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            (done,) = conn.execute(
-                "SELECT count(*) FROM tasks WHERE tenant = %s AND status = 'SUCCEEDED'", (tenant,)
+    try:
+        with Client(s, issuer="bench") as client:
+            first_send = time.time()
+            if workload == "dag":
+                doc = {"tenant": tenant, "tasks": [{"name": f"t{i}", **NOOP} for i in range(n)]}
+                client.submit(parse_document(doc))
+            else:  # one command per task, produced back to back (Client.submit_many)
+                client.submit_many(
+                    parse_document({"tenant": tenant, "tasks": [{"name": f"t{i}", **NOOP}]}) for i in range(n)
+                )
+            sent = time.time() - first_send
+        deadline = time.monotonic() + GIVE_UP_S
+        done = 0
+        with psycopg.connect(s.dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                (done,) = conn.execute(
+                    "SELECT count(*) FROM tasks WHERE tenant = %s AND status = 'SUCCEEDED'", (tenant,)
+                ).fetchone()  # type: ignore[misc]
+                if done >= n:
+                    break
+                time.sleep(0.5)
+            (last,) = conn.execute(
+                "SELECT extract(epoch FROM max(finished_at)) FROM tasks WHERE tenant = %s", (tenant,)
             ).fetchone()  # type: ignore[misc]
-            if done >= n:
-                break
-            time.sleep(0.5)
-        (last,) = conn.execute(
-            "SELECT extract(epoch FROM max(finished_at)) FROM tasks WHERE tenant = %s", (tenant,)
-        ).fetchone()  # type: ignore[misc]
-        (others,) = conn.execute(
-            "SELECT count(*) FROM tasks WHERE tenant = %s AND status <> 'SUCCEEDED'", (tenant,)
-        ).fetchone()  # type: ignore[misc]
-        hops = {name: conn.execute(HOP.format(a=a, b=b), (tenant,)).fetchone()[0] for name, (a, b) in HOPS.items()}  # type: ignore[index]
-        shape = phases(conn, tenant, first_send)
-    probe.stop()
+            (others,) = conn.execute(
+                "SELECT count(*) FROM tasks WHERE tenant = %s AND status <> 'SUCCEEDED'", (tenant,)
+            ).fetchone()  # type: ignore[misc]
+            hops = {name: conn.execute(HOP.format(a=a, b=b), (tenant,)).fetchone()[0] for name, (a, b) in HOPS.items()}  # type: ignore[index]
+            shape = phases(conn, tenant, first_send)
+    finally:
+        probe.stop()
     after = {name: tree_cpu(pid) for name, pid in pids.items()}
     machine = machine_shares(ticks, machine_ticks())
     if spy is not None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,3 +36,38 @@ def test_a_run_shorter_than_the_probe_s_period_still_has_one_sample() -> None:
     probe = stack.SpeedProbe(every=60).start()
     probe.stop()
     assert len(probe.samples) == 1 and probe.summary()["samples"] == 1
+
+
+def test_the_probe_s_process_ends_when_the_bench_that_started_it_dies(tmp_path: Path) -> None:
+    """A bench killed mid-run never stops its probe: the probe's loop ends by itself once its parent is gone."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    pid_file = tmp_path / "probe.pid"
+    script = (
+        f"import sys; sys.path.insert(0, {str(bench)!r})\n"
+        "from _stack import SpeedProbe\n"
+        "p = SpeedProbe(every=0.05).start()\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p._proc.pid))\n"
+        "import time; time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the bench never started its probe"
+            time.sleep(0.05)
+        probe_pid = int(pid_file.read_text())
+        assert Path(f"/proc/{probe_pid}").exists()
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{probe_pid}").exists() and "Z" not in state_of(probe_pid):
+        assert time.monotonic() < deadline, "the probe outlived its bench"
+        time.sleep(0.05)
+
+
+def state_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"  # gone meanwhile

@@ -154,6 +154,23 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
+def thread_times(pid: int, tid: int | None = None) -> tuple[float, float, float]:
+    """(now, seconds on a CPU, seconds runnable and waiting for one) of a thread (default: the process's
+    main thread), from /proc/PID/task/TID/schedstat: between two readings, the first two over the time
+    between them say how much of it the thread ran and how much it waited in the run queue (on two
+    shared cores, the worker's event loop waits for a core about as long as the others take it)."""
+    with open(f"/proc/{pid}/task/{tid or pid}/schedstat") as f:
+        run_ns, wait_ns = (int(x) for x in f.read().split()[:2])
+    return time.monotonic(), run_ns / 1e9, wait_ns / 1e9
+
+
+def thread_shares(before: tuple[float, float, float], after: tuple[float, float, float]) -> dict[str, float]:
+    """The shares of the time between two `thread_times` readings the thread ran and waited for a core."""
+    span = max(1e-9, after[0] - before[0])
+    ran, waited = after[1] - before[1], after[2] - before[2]
+    return {"on_cpu": round(ran / span, 3), "waiting_for_a_core": round(waited / span, 3)}
+
+
 def machine_ticks() -> tuple[int, int, int]:
     """The machine's CPU ticks so far (/proc/stat): busy (neither idle, iowait nor stolen), stolen by
     the host, and all."""

@@ -20,7 +20,10 @@ Each run also gives two hops per task, from the tasks' transition times in Postg
 claim request -> start (the claim's round trip and any wait for a slot) and start -> finish (the run).
 And the machine's busy and stolen shares over the run (/proc/stat), as bench/latency.py gives them,
 and its speed (`speed_probe_ms`, _stack.SpeedProbe: a fixed piece of work's CPU milliseconds every half
-second through the run; more is slower): compare runs of two versions beside it.
+second through the run; more is slower): compare runs of two versions beside it. And the worker's
+event loop (its main thread, from /proc's schedstat): the shares of the run it was on a CPU and it
+waited in the run queue for one (`worker_event_loop`): once tasks flow the loop is the limit, and
+what the other processes take of the two cores it waits for.
 And its phases (`phases`), from the same times: seconds from the first send until 1% of the tasks
 were queued and started (the ramp: the admission's, the owner's and the read model's work before a
 steady flow); the steady rate (the tasks started between the 10th and 90th percentile start,
@@ -56,6 +59,8 @@ from _stack import (
     set_settings,
     settings_of,
     summary,
+    thread_shares,
+    thread_times,
     tree_cpu,
     when,
     write_report,
@@ -177,6 +182,7 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
     probe = SpeedProbe().start()  # through the run, until the last success is seen
+    loop_before = thread_times(pids["worker-0"])
     try:
         with Client(s, issuer="bench") as client:
             first_send = time.time()
@@ -208,6 +214,7 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
             shape = phases(conn, tenant, first_send)
     finally:
         probe.stop()
+    loop = thread_shares(loop_before, thread_times(pids["worker-0"]))
     after = {name: tree_cpu(pid) for name, pid in pids.items()}
     machine = machine_shares(ticks, machine_ticks())
     if spy is not None:
@@ -229,6 +236,7 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
         "hop_ms_p10_p50_p90": {name: [round(float(x), 1) for x in v] if v else None for name, v in hops.items()},
         "phases": shape,
         "machine": machine,
+        "worker_event_loop": loop,
         "speed_probe_ms": probe.summary(),
     }
 
@@ -281,6 +289,9 @@ def main() -> int:
                     "tasks_per_second": summary([r["tasks_per_second"] for r in runs]),
                     "cpu_ms_per_task_total": summary([r["cpu_ms_per_task_total"] for r in runs]),
                     "speed_probe_ms": summary([r["speed_probe_ms"]["median"] for r in runs]),
+                    "worker_event_loop_waiting_for_a_core": summary(
+                        [r["worker_event_loop"]["waiting_for_a_core"] for r in runs]
+                    ),
                     "each_run": runs,
                 }
         report["when"] = when()

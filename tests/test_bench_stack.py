@@ -71,3 +71,23 @@ def state_of(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "Z"  # gone meanwhile
+
+
+def test_a_thread_s_shares_tell_a_busy_thread_from_a_sleeping_one() -> None:
+    stack = load_stack()
+    spin = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
+    busy = subprocess.Popen([sys.executable, "-c", spin])
+    sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)  # both started
+        before = {p.pid: stack.thread_times(p.pid) for p in (busy, sleeping)}
+        time.sleep(1.0)
+        shares = {p.pid: stack.thread_shares(before[p.pid], stack.thread_times(p.pid)) for p in (busy, sleeping)}
+    finally:
+        for p in (busy, sleeping):
+            p.kill()
+            p.wait()
+    # the spinning thread ran or waited for a core through the second (on a loaded machine it waits more)
+    ran, waited = shares[busy.pid]["on_cpu"], shares[busy.pid]["waiting_for_a_core"]
+    assert ran > 0.2 and 0.8 < ran + waited < 1.2, shares
+    assert shares[sleeping.pid]["on_cpu"] < 0.05 and shares[sleeping.pid]["waiting_for_a_core"] < 0.05, shares

@@ -32,7 +32,9 @@ owner at its input's), so they say nothing of where the time goes. The hops:
   start: that record -> the TaskStarted's event time (the write's round trip, the hand-over, the
     runner starting the call).
 Each level also says what it cost: every service's CPU per task (its process tree's, from the first
-send to the last success) and the machine's busy and stolen shares over that span.
+send to the last success) and the machine's busy and stolen shares over that span, and how fast the
+machine was meanwhile (`speed_probe_ms`, _stack.SpeedProbe: a fixed piece of work's CPU milliseconds
+every half second; more is slower): these cores' speed moves within the hour, and the latency with it.
 Last, a chain of 40 no-op callables: from its send to the last task's success.
 
     python bench/latency.py [--engines kafka|fallback|both] [--warm 300] [--warm-seconds 120] [--warm-rate 100]
@@ -60,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from _stack import (
+    SpeedProbe,
     add_set_option,
     embedded_stack,
     kinds,
@@ -335,9 +338,10 @@ def main() -> int:
                     tag = f"r{int(rate)}-{uuid.uuid4().hex[:6]}"
                     cpu_before, ticks_before = {k: tree_cpu(pid) for k, pid in pids.items()}, machine_ticks()
                     since = event_ends(s)
-                    intended = open_loop(client, rate, n, tag)
-                    total += n
-                    wait_done(conn, total)
+                    with SpeedProbe() as probe:  # from the first send to the last success
+                        intended = open_loop(client, rate, n, tag)
+                        total += n
+                        wait_done(conn, total)
                     cpu = {k: round((tree_cpu(pid) - cpu_before[k]) * 1000 / n, 3) for k, pid in pids.items()}
                     machine = machine_shares(ticks_before, machine_ticks())
                     rows = conn.execute(
@@ -368,6 +372,7 @@ def main() -> int:
                         "cpu_ms_per_task": cpu,
                         "cpu_ms_per_task_total": round(sum(cpu.values()), 3),
                         "machine": machine,
+                        "speed_probe_ms": probe.summary(),
                     }
                     print(f"{kind} {name}: {levels[name]}", flush=True)
                 # a chain of 40

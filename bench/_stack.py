@@ -164,6 +164,17 @@ def thread_times(pid: int, tid: int | None = None) -> tuple[float, float, float]
     return time.monotonic(), run_ns / 1e9, wait_ns / 1e9
 
 
+def worker_loop_times(pid: int | None) -> tuple[float, float, float] | None:
+    """`thread_times` of a worker's main thread (its event loop), or None where there is nothing to read:
+    no worker among the stack's services (the peers bench starts its own), or one gone meanwhile."""
+    if pid is None:
+        return None
+    try:
+        return thread_times(pid)
+    except OSError:
+        return None
+
+
 def thread_shares(before: tuple[float, float, float], after: tuple[float, float, float]) -> dict[str, float]:
     """The shares of the time between two `thread_times` readings the thread ran and waited for a core."""
     span = max(1e-9, after[0] - before[0])

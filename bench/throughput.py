@@ -60,9 +60,9 @@ from _stack import (
     settings_of,
     summary,
     thread_shares,
-    thread_times,
     tree_cpu,
     when,
+    worker_loop_times,
     write_report,
 )
 
@@ -182,7 +182,7 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
     probe = SpeedProbe().start()  # through the run, until the last success is seen
-    loop_before = thread_times(pids["worker-0"])
+    loop_before = worker_loop_times(pids.get("worker-0"))
     try:
         with Client(s, issuer="bench") as client:
             first_send = time.time()
@@ -214,7 +214,8 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
             shape = phases(conn, tenant, first_send)
     finally:
         probe.stop()
-    loop = thread_shares(loop_before, thread_times(pids["worker-0"]))
+    loop_after = worker_loop_times(pids.get("worker-0"))
+    loop = thread_shares(loop_before, loop_after) if loop_before and loop_after else None
     after = {name: tree_cpu(pid) for name, pid in pids.items()}
     machine = machine_shares(ticks, machine_ticks())
     if spy is not None:
@@ -236,9 +237,16 @@ def measured(env: dict[str, str], kind: str, workload: str, n: int, profile: flo
         "hop_ms_p10_p50_p90": {name: [round(float(x), 1) for x in v] if v else None for name, v in hops.items()},
         "phases": shape,
         "machine": machine,
-        "worker_event_loop": loop,
+        **({"worker_event_loop": loop} if loop else {}),
         "speed_probe_ms": probe.summary(),
     }
+
+
+def waiting_for_a_core(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The worker's event loop's waits for a core over the runs that have the figure (a run whose worker
+    was not one of the stack's services, or was gone by its end, has none)."""
+    waits = [r["worker_event_loop"]["waiting_for_a_core"] for r in runs if "worker_event_loop" in r]
+    return {"worker_event_loop_waiting_for_a_core": summary(waits)} if waits else {}
 
 
 def main() -> int:
@@ -289,9 +297,7 @@ def main() -> int:
                     "tasks_per_second": summary([r["tasks_per_second"] for r in runs]),
                     "cpu_ms_per_task_total": summary([r["cpu_ms_per_task_total"] for r in runs]),
                     "speed_probe_ms": summary([r["speed_probe_ms"]["median"] for r in runs]),
-                    "worker_event_loop_waiting_for_a_core": summary(
-                        [r["worker_event_loop"]["waiting_for_a_core"] for r in runs]
-                    ),
+                    **waiting_for_a_core(runs),
                     "each_run": runs,
                 }
         report["when"] = when()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -91,3 +92,13 @@ def test_a_thread_s_shares_tell_a_busy_thread_from_a_sleeping_one() -> None:
     ran, waited = shares[busy.pid]["on_cpu"], shares[busy.pid]["waiting_for_a_core"]
     assert ran > 0.2 and 0.8 < ran + waited < 1.2, shares
     assert shares[sleeping.pid]["on_cpu"] < 0.05 and shares[sleeping.pid]["waiting_for_a_core"] < 0.05, shares
+
+
+def test_the_worker_loop_s_times_are_none_where_there_is_no_worker_to_read() -> None:
+    stack = load_stack()
+    assert stack.worker_loop_times(None) is None  # the stack runs no worker of its own (the peers bench)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert stack.worker_loop_times(gone.pid) is None  # a worker that ended meanwhile
+    here = stack.worker_loop_times(os.getpid())
+    assert here is not None and here[1] > 0  # this process's main thread has run

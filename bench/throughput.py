@@ -22,7 +22,8 @@ And the machine's busy and stolen shares over the run (/proc/stat), as bench/lat
 and its speed (`speed_probe_ms`, _stack.SpeedProbe: a fixed piece of work's CPU milliseconds every half
 second through the run; more is slower): compare runs of two versions beside it. And the worker's
 event loop (its main thread, from /proc's schedstat): the shares of the run it was on a CPU and it
-waited in the run queue for one (`worker_event_loop`): once tasks flow the loop is the limit, and
+waited in the run queue for one (`worker_event_loop`; from just before the first send until the
+bench's poll sees the last success, up to half a second after it): once tasks flow the loop is the limit, and
 what the other processes take of the two cores it waits for.
 And its phases (`phases`), from the same times: seconds from the first send until 1% of the tasks
 were queued and started (the ramp: the admission's, the owner's and the read model's work before a

@@ -30,6 +30,7 @@ from taskstream.connectors import broker
 from taskstream.connectors.faust_patches import (
     ack_processed_only,
     commit_past_gaps_at_once,
+    consumer_in_loop,
     leave_out,
     merge_gaps_locally,
     read_committed_only,
@@ -94,8 +95,8 @@ class HeldPartitions:
     Asked for every report a worker hands over, the consumer's assignment (a new set of every partition
     each time) was 2.5% of a busy worker's main thread (py-spy). The answer is kept until the next
     rebalance begins: the assignment changes only inside one, and Faust counts a rebalance up
-    (`rebalancing_count`, with `rebalancing` set) from the consumer's thread as it begins, before
-    anything moves."""
+    (`rebalancing_count`, with `rebalancing` set) from the consumer's rebalance callback as it begins,
+    before anything moves."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -557,6 +558,7 @@ def run_worker(settings: Settings, index: int) -> None:
     ack_processed_only()
     merge_gaps_locally()
     commit_past_gaps_at_once()
+    consumer_in_loop()
     seek_uncommitted_to_beginning({settings.topic(t) for t in ("events", "task-inputs", "queue")})
     app = build_app(settings, index, predecessor)
     worker = faust.Worker(app, loglevel="INFO", quiet=True)

@@ -185,7 +185,7 @@ class _App:
             self.during()
         return read
 
-    def begin(self) -> None:  # as Faust's on_rebalance_start, from the consumer's thread
+    def begin(self) -> None:  # as Faust's on_rebalance_start, from the consumer's rebalance callback
         self.rebalancing, self.rebalancing_count = True, self.rebalancing_count + 1
 
 

@@ -4,6 +4,7 @@ backoff on noida-db) is in connectors/noida.py."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from collections.abc import Callable
@@ -307,15 +308,12 @@ def consumer_in_loop() -> None:
 
     class InLoopConsumerThread(driver.AIOKafkaConsumerThread):  # type: ignore[misc]
         def __init__(self, consumer: Any, *, loop: Any = None, **kwargs: Any) -> None:
-            import asyncio
-
             loop = loop or asyncio.get_event_loop()
             super().__init__(consumer, loop=loop, thread_loop=loop, **kwargs)
 
-        async def start(self) -> None:
+        async def start(self) -> None:  # no thread, and no queue of calls for one (call_thread below)
             self._thread_started.set()
             await Service.start(self)
-            await self.on_thread_started()
 
         async def stop(self) -> None:
             if self._started.is_set() and not self._stopped.is_set():
